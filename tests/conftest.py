@@ -1,0 +1,38 @@
+"""Shared test settings: strict dtype promotion, CI-sized hypothesis profiles."""
+
+import os
+
+import jax
+import pytest
+from hypothesis import HealthCheck, settings
+
+# Implicit rank promotion and dtype promotion hide bugs in index arithmetic: forbid them.
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+settings.register_profile(
+    "ci",
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=True,
+)
+settings.register_profile("dev", max_examples=20, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=500, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def reference_mode(monkeypatch):
+    """Run a test with ``EAGLEPANGU_MODE=reference``."""
+    monkeypatch.setenv("EAGLEPANGU_MODE", "reference")
+    yield
+
+
+@pytest.fixture
+def performance_mode(monkeypatch):
+    """Run a test with ``EAGLEPANGU_MODE=performance``."""
+    monkeypatch.setenv("EAGLEPANGU_MODE", "performance")
+    yield
