@@ -1,4 +1,8 @@
-"""Shared test settings: strict dtype promotion, CI-sized hypothesis profiles."""
+"""Shared test settings: strict dtype promotion, CI-sized hypothesis profiles.
+
+The mode fixtures only set an environment variable that no example changes, so sharing them
+across hypothesis examples is safe (hence the suppressed function-scoped-fixture check).
+"""
 
 import os
 
@@ -14,13 +18,16 @@ settings.register_profile(
     "ci",
     max_examples=40,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                           HealthCheck.function_scoped_fixture],
     derandomize=True,
 )
 settings.register_profile("dev", max_examples=20, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+                          suppress_health_check=[HealthCheck.too_slow,
+                                                 HealthCheck.function_scoped_fixture])
 settings.register_profile("thorough", max_examples=500, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+                          suppress_health_check=[HealthCheck.too_slow,
+                                                 HealthCheck.function_scoped_fixture])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

@@ -1,0 +1,64 @@
+"""Random Llama parameters in the documented layout, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from eaglepangu_jax.models.config import LlamaConfig
+
+
+def random_params(config: LlamaConfig, key: jax.Array, dtype=jnp.float32) -> dict:
+    """Random parameters in the layout of :class:`LlamaConfig`'s docstring.
+
+    Matrices are drawn with standard deviation ``1/sqrt(fan_in)`` so activations keep unit
+    scale through the layers (logits are neither flat nor saturated); norm weights are drawn
+    around 1 so that a wrong norm is not hidden by all-ones weights.
+
+    Args:
+        config: model shape. ``lm_head`` is present only when ``tie_embeddings`` is False.
+        key: PRNG key.
+        dtype: dtype of every leaf.
+
+    Returns:
+        The parameter pytree.
+    """
+    c = config
+    n_layers, h, f = c.num_layers, c.hidden_size, c.intermediate_size
+    shapes = {
+        "attn_norm": (n_layers, h),
+        "wq": (n_layers, h, c.q_width),
+        "wk": (n_layers, h, c.kv_width),
+        "wv": (n_layers, h, c.kv_width),
+        "wo": (n_layers, c.q_width, h),
+        "mlp_norm": (n_layers, h),
+        "w_gate": (n_layers, h, f),
+        "w_up": (n_layers, h, f),
+        "w_down": (n_layers, f, h),
+    }
+    keys = jax.random.split(key, len(shapes) + 3)
+    layers = {}
+    for k, (name, shape) in zip(keys, shapes.items()):
+        if name.endswith("norm"):
+            layers[name] = _norm_weight(k, shape, dtype)
+        else:
+            layers[name] = _matrix(k, shape, dtype)
+    params = {
+        "embed": jax.random.normal(keys[-3], (c.vocab_size, h), jnp.float32).astype(dtype),
+        "layers": layers,
+        "final_norm": _norm_weight(keys[-2], (h,), dtype),
+    }
+    if not c.tie_embeddings:
+        params["lm_head"] = _matrix(keys[-1], (h, c.vocab_size), dtype)
+    return params
+
+
+def _matrix(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
+    fan_in = shape[-2]
+    w = jax.random.normal(key, shape, jnp.float32) * (fan_in ** -0.5)
+    return w.astype(dtype)
+
+
+def _norm_weight(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
+    w = 1.0 + 0.1 * jax.random.normal(key, shape, jnp.float32)
+    return w.astype(dtype)

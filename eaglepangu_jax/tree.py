@@ -1,0 +1,322 @@
+"""Tree tensor semantics: the one place that defines what a speculation tree is.
+
+A tree has ``N`` slots. Slot 0 is the **virtual root**: it holds the last committed token (the
+previous round's bonus token) and is always valid, with ``parents[0] == 0`` and depth 0. Every
+other slot ``i`` is a draft node or padding:
+
+* a valid node has a valid parent with ``0 <= parents[i] < i`` (topological order, so the tree
+  is acyclic by construction and a single forward sweep computes depths);
+* ``depth[i] = depth[parents[i]] + 1 <= D``;
+* ``ancestors[i, d]`` is ``i``'s ancestor at depth ``d`` for ``d <= depth[i]``, so
+  ``ancestors[i, 0] == 0`` and ``ancestors[i, depth[i]] == i``; columns past the depth repeat
+  ``i`` itself;
+* padding slots (``valid[i] == False``) hang off the root (parent 0, depth 1) and are never
+  accepted.
+
+**No negative index exists anywhere**: every integer field lies in ``[0, N)`` for any input,
+so device gathers through these tables can never wrap (peers pad with ``-1``, which silently
+reads the last node on accelerators). Example, the 5-slot tree ``root -> 1 -> 3, root -> 2,
+1 -> 4``::
+
+    parents   = [0, 0, 0, 1, 1]
+    depth     = [0, 1, 1, 2, 2]
+    ancestors = [[0, 0, 0],      # root
+                 [0, 1, 1],
+                 [0, 2, 2],
+                 [0, 1, 3],
+                 [0, 1, 4]]
+
+Dimensions: ``N`` slots (root included), ``D`` maximum depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
+
+from eaglepangu_jax import mode
+
+INVARIANTS = ("root_ok", "in_range", "topological", "acyclic", "valid_closure",
+              "depth_consistent")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """A speculation tree with a virtual root at slot 0 (see the module docstring)."""
+
+    tokens: Int[Array, "N"]  # [N] token id per slot; tokens[0] = last committed token
+    parents: Int[Array, "N"]  # [N] parent slot, parents[0] == 0
+    valid: Bool[Array, "N"]  # [N] False marks padding; valid[0] is True
+    depth: Int[Array, "N"]  # [N] 0 for the root
+    ancestors: Int[Array, "N D+1"]  # [N, D + 1] ancestor at each depth, then self
+    logscore: Float[Array, "N"]  # [N] cumulative draft log-probability, 0 at the root
+
+    @property
+    def num_slots(self) -> int:
+        """``N``, the static number of slots (root included)."""
+        return self.parents.shape[-1]
+
+    @property
+    def max_depth(self) -> int:
+        """``D``, the static maximum depth."""
+        return self.ancestors.shape[-1] - 1
+
+
+def _climb_table(parents: Int[Array, "N"], max_depth: int) -> Int[Array, "D+1 N"]:
+    """``up[k, i]`` = the k-th ancestor of ``i`` (``up[0] = i``), saturating at the root."""
+
+    def step(current, _):
+        nxt = parents[current]
+        return nxt, nxt
+
+    identity = jnp.arange(parents.shape[0], dtype=jnp.int32)
+    _, ups = jax.lax.scan(step, identity, None, length=max_depth + 1)
+    return jnp.concatenate([identity[None], ups], axis=0)
+
+
+def _sanitize_parents(parents: Int[Array, "N"]) -> tuple[Int[Array, "N"], Bool[Array, "N"]]:
+    """Force ``0 <= parent < i`` (root: 0); report which slots needed it."""
+    n = parents.shape[0]
+    index = jnp.arange(n, dtype=jnp.int32)
+    ok = (parents >= 0) & (parents < jnp.maximum(index, 1))
+    ok = ok.at[0].set(parents[0] == 0)
+    safe = jnp.where(ok, parents, 0).astype(jnp.int32)
+    return safe.at[0].set(0), ok
+
+
+def _raw_invariants(
+    parents: Int[Array, "N"], valid: Bool[Array, "N"], max_depth: int
+) -> dict[str, Bool[Array, "N"]]:
+    """Per-slot invariants of raw (unsanitised) construction inputs; True = holds."""
+    n = parents.shape[0]
+    index = jnp.arange(n, dtype=jnp.int32)
+    in_range = (parents >= 0) & (parents < n)
+    topological = jnp.where(index == 0, parents == 0, parents < index)
+    safe, _ = _sanitize_parents(parents)
+    # Depth along sanitised parents; a chain longer than max_depth never reaches the root
+    # within max_depth steps.
+    up = _climb_table(safe, max_depth)
+    reached = jnp.any(up[: max_depth + 1] == 0, axis=0)
+    parent_valid = valid[safe]
+    closure = ~valid | (index == 0) | parent_valid
+    return {
+        "in_range": in_range | ~valid,
+        "topological": topological | ~valid,
+        "acyclic": jnp.ones((n,), bool),  # topological order rules cycles out
+        "valid_closure": closure,
+        "depth_consistent": reached | ~valid,
+        "root_ok": (index != 0) | (parents == 0),
+    }
+
+
+def from_parents(
+    parents: Int[ArrayLike, "N"],
+    *,
+    tokens: Int[ArrayLike, "N"] | None = None,
+    valid: Bool[ArrayLike, "N"] | None = None,
+    logscore: Float[ArrayLike, "N"] | None = None,
+    max_depth: int,
+) -> Tree:
+    """Build a tree from parent pointers (jittable; ``max_depth`` static).
+
+    In reference mode (see :mod:`eaglepangu_jax.mode`) broken input raises an error naming the
+    first bad slot. In performance mode it is repaired instead, so no index can leave
+    ``[0, N)``: a slot with an out-of-range or non-topological parent, an invalid ancestor, or a
+    depth past ``max_depth`` becomes padding.
+
+    Args:
+      parents: ``[N]`` parent slot of each slot; ``parents[0]`` must be 0.
+      tokens: ``[N]`` token ids (default zeros).
+      valid: ``[N]`` which slots are real nodes (default all). The root is always valid.
+      logscore: ``[N]`` cumulative draft log-probabilities (default zeros).
+      max_depth: ``D``, the deepest allowed node.
+
+    Returns:
+      A :class:`Tree` whose every invariant holds.
+    """
+    parents = jnp.asarray(parents, jnp.int32)
+    n = parents.shape[0]
+    if parents.ndim != 1 or n < 1:
+        raise ValueError(f"parents must be a non-empty 1-D array, got shape {parents.shape}")
+    if max_depth < 1:
+        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+    valid = jnp.ones((n,), bool) if valid is None else jnp.asarray(valid, bool)
+    tokens = jnp.zeros((n,), jnp.int32) if tokens is None else jnp.asarray(tokens, jnp.int32)
+    logscore = (jnp.zeros((n,), jnp.float32) if logscore is None
+                else jnp.asarray(logscore, jnp.float32))
+    for name, arr in (("valid", valid), ("tokens", tokens), ("logscore", logscore)):
+        if arr.shape != (n,):
+            raise ValueError(f"{name} has shape {arr.shape}, expected ({n},) like parents")
+
+    if mode.is_reference():
+        _assert_invariants(_raw_invariants(parents, valid, max_depth))
+
+    safe, parent_ok = _sanitize_parents(parents)
+    valid = valid.at[0].set(True) & (parent_ok | (jnp.arange(n) == 0))
+    up = _climb_table(safe, max_depth)  # [D + 2, N]
+    at_root = up == 0
+    # depth = the first k whose k-th ancestor is the root; > max_depth if never reached.
+    depth = jnp.where(jnp.any(at_root, axis=0), jnp.argmax(at_root, axis=0), max_depth + 1)
+    valid = valid & (depth <= max_depth)
+    # Validity closure: a node is kept only if every ancestor is kept. Slots are topological,
+    # so one forward sweep propagates invalidity down the tree.
+    def close(keep, i):
+        keep = keep.at[i].set(keep[i] & keep[safe[i]])
+        return keep, None
+
+    valid, _ = jax.lax.scan(close, valid, jnp.arange(1, n, dtype=jnp.int32))
+    # Padding hangs off the root so every table stays a plain in-range index.
+    safe = jnp.where(valid, safe, 0)
+    return _assemble(tokens, safe, valid, logscore, max_depth)
+
+
+def _assemble(tokens, parents, valid, logscore, max_depth) -> Tree:
+    """Depth and ancestor tables for already-sanitised parents (invalid slots under root)."""
+    n = parents.shape[0]
+    up = _climb_table(parents, max_depth)  # [D + 2, N]
+    at_root = up == 0
+    depth = jnp.where(valid, jnp.argmax(at_root, axis=0), 1).astype(jnp.int32)
+    depth = depth.at[0].set(0)
+    # ancestors[i, d] = up[depth[i] - d, i] for d <= depth[i], else i itself.
+    d = jnp.arange(max_depth + 1, dtype=jnp.int32)
+    steps = jnp.clip(depth[:, None] - d[None, :], 0, max_depth + 1)  # [N, D + 1]
+    index = jnp.arange(n, dtype=jnp.int32)
+    ancestors = up[steps, index[:, None]]
+    ancestors = jnp.where(d[None, :] <= depth[:, None], ancestors, index[:, None])
+    return Tree(tokens=tokens, parents=parents, valid=valid, depth=depth,
+                ancestors=ancestors.astype(jnp.int32),
+                logscore=jnp.where(valid, logscore, -jnp.inf).at[0].set(0.0))
+
+
+def chain(n: int, tokens: Int[ArrayLike, "N"] | None = None, *, max_depth: int | None = None
+          ) -> Tree:
+    """A chain ``root -> 1 -> 2 -> ... -> n-1`` (``n`` slots; plain speculative decoding)."""
+    if n < 1:
+        raise ValueError(f"a chain needs at least the root slot, got n={n}")
+    parents = jnp.maximum(jnp.arange(n, dtype=jnp.int32) - 1, 0)
+    return from_parents(parents, tokens=tokens, max_depth=max_depth or max(n - 1, 1))
+
+
+def from_choices(choices: Sequence[Sequence[int]], *, max_depth: int | None = None
+                 ) -> tuple[Tree, Int[Array, "N"]]:
+    """Static tree from EAGLE/Medusa-style choice lists (host-side, not jitted).
+
+    Each choice is a path of top-k ranks from the root, e.g. ``[0]`` is the top-1 child of the
+    root, ``[0, 2]`` the third-ranked child of that. Every prefix of a choice must itself be a
+    choice (or is added). Slots are ordered by depth, then lexicographically, so parents
+    precede children.
+
+    Returns:
+      ``(tree, rank)``: the tree topology (tokens to be filled in by a drafter) and ``rank[i]``,
+      the top-k rank of slot ``i`` among its siblings (0 for the root).
+    """
+    paths = {tuple(int(r) for r in c) for c in choices}
+    for path in list(paths):
+        if not path:
+            raise ValueError("an empty choice denotes the root, which is implicit")
+        if any(r < 0 for r in path):
+            raise ValueError(f"choice {list(path)} has a negative rank")
+        paths.update(path[:k] for k in range(1, len(path)))
+    ordered = sorted(paths, key=lambda p: (len(p), p))
+    slot = {(): 0}
+    parents, rank = [0], [0]
+    for path in ordered:
+        slot[path] = len(parents)
+        parents.append(slot[path[:-1]])
+        rank.append(path[-1])
+    depth = max((len(p) for p in ordered), default=1)
+    tree = from_parents(np.asarray(parents, np.int32), max_depth=max_depth or depth)
+    return tree, jnp.asarray(rank, jnp.int32)
+
+
+def check(tree: Tree) -> dict[str, Bool[Array, "N"]]:
+    """Evaluate every invariant per slot on an arbitrary (maybe hand-built) tree.
+
+    Returns a dict ``name -> [N] bool`` (True = holds) with keys :data:`INVARIANTS`. Never
+    gathers out of range, whatever the field values.
+    """
+    n, max_depth = tree.num_slots, tree.max_depth
+    index = jnp.arange(n, dtype=jnp.int32)
+    parents = tree.parents
+    in_range = (parents >= 0) & (parents < n)
+    for field in (tree.ancestors,):
+        in_range = in_range & jnp.all((field >= 0) & (field < n), axis=-1)
+    topological = jnp.where(index == 0, parents == 0, parents < index)
+    safe = jnp.clip(parents, 0, n - 1)
+    # Acyclic: climbing N times from any slot must reach the root.
+    up = jax.lax.fori_loop(0, n, lambda _, cur: safe[cur], index)
+    acyclic = up == 0
+    safe_anc = jnp.clip(tree.ancestors, 0, n - 1)
+    parent_valid = tree.valid[safe]
+    valid_closure = ~tree.valid | (index == 0) | parent_valid
+    depth_ok = jnp.where(index == 0, tree.depth == 0,
+                         (tree.depth == tree.depth[safe] + 1) | ~tree.valid)
+    depth_ok = depth_ok & (tree.depth >= 0) & (tree.depth <= max_depth)
+    clipped_depth = jnp.clip(tree.depth, 0, max_depth)
+    d = jnp.arange(max_depth + 1, dtype=jnp.int32)
+    self_at_depth = jnp.take_along_axis(safe_anc, clipped_depth[:, None], axis=1)[:, 0] == index
+    parent_row = safe_anc[safe]
+    same_prefix = jnp.all((parent_row == safe_anc) | (d[None, :] >= clipped_depth[:, None]),
+                          axis=1)
+    depth_ok = depth_ok & ((self_at_depth & same_prefix) | (index == 0) | ~tree.valid)
+    root_ok = (index != 0) | (tree.valid & (parents == 0) & (tree.depth == 0))
+    return {"in_range": in_range, "topological": topological | ~tree.valid,
+            "acyclic": acyclic, "valid_closure": valid_closure,
+            "depth_consistent": depth_ok, "root_ok": root_ok}
+
+
+def is_valid(tree: Tree) -> Bool[Array, ""]:
+    """True when every invariant holds at every slot."""
+    return jnp.all(jnp.stack([jnp.all(v) for v in check(tree).values()]))
+
+
+class InvalidTreeError(ValueError):
+    """A tree breaks one of the invariants in the module docstring."""
+
+
+def _assert_invariants(results: dict[str, Bool[Array, "N"]]) -> None:
+    concrete = all(not isinstance(v, jax.core.Tracer) for v in results.values())
+    if concrete:
+        for name in INVARIANTS:
+            ok = np.asarray(results[name])
+            if not ok.all():
+                bad = int(np.argmin(ok))
+                raise InvalidTreeError(f"invalid tree: invariant '{name}' broken at node {bad}")
+        return
+    for name in INVARIANTS:
+        ok = results[name]
+        checkify.check(jnp.all(ok), f"invalid tree: invariant '{name}' broken at node {{bad}}",
+                       bad=jnp.argmin(ok))
+
+
+def assert_valid(tree: Tree) -> None:
+    """Raise :class:`InvalidTreeError` naming the first bad node and the broken invariant.
+
+    Eagerly it raises at once. Inside ``jax.jit`` it emits ``checkify`` checks: wrap the jitted
+    function with :func:`eaglepangu_jax.mode.checked` (reference mode) to have them raise.
+    """
+    _assert_invariants(check(tree))
+
+
+def positions(tree: Tree, start: Int[ArrayLike, ""]) -> Int[Array, "N"]:
+    """Sequence position of each slot: ``start + depth`` (the root sits at ``start``)."""
+    return jnp.asarray(start, jnp.int32) + tree.depth
+
+
+def path_to(tree: Tree, node: Int[ArrayLike, ""]) -> Int[Array, "D+1"]:
+    """Slots from the root to ``node``; entries past its depth repeat ``node``."""
+    node = jnp.clip(jnp.asarray(node, jnp.int32), 0, tree.num_slots - 1)
+    return tree.ancestors[node]
+
+
+def children_mask(tree: Tree) -> Bool[Array, "N N"]:
+    """``[u, c]`` True when valid slot ``c > 0`` is a child of ``u``."""
+    index = jnp.arange(tree.num_slots, dtype=jnp.int32)
+    return (tree.parents[None, :] == index[:, None]) & tree.valid[None, :] & (index[None, :] > 0)

@@ -1,0 +1,170 @@
+"""Tree tensor semantics: literal cases, property tests, hostile input, jit/vmap behaviour."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eaglepangu_jax import tree as T
+
+INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+
+
+@st.composite
+def valid_parents(draw, max_n=12):
+    """Random topologically ordered parent arrays (0 <= p < i), with a valid-closed mask."""
+    n = draw(st.integers(1, max_n))
+    parents = [0] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+    valid = [True]
+    for i in range(1, n):
+        valid.append(valid[parents[i]] and draw(st.booleans()))
+    return np.asarray(parents, np.int32), np.asarray(valid)
+
+
+def naive_depths(parents):
+    depth = [0]
+    for i in range(1, len(parents)):
+        depth.append(depth[parents[i]] + 1)
+    return depth
+
+
+def test_literal_five_slot_tree():
+    t = T.from_parents([0, 0, 0, 1, 1], tokens=[5, 6, 7, 8, 9], max_depth=2)
+    np.testing.assert_array_equal(t.depth, [0, 1, 1, 2, 2])
+    np.testing.assert_array_equal(
+        t.ancestors, [[0, 0, 0], [0, 1, 1], [0, 2, 2], [0, 1, 3], [0, 1, 4]])
+    np.testing.assert_array_equal(T.positions(t, 10), [10, 11, 11, 12, 12])
+    np.testing.assert_array_equal(T.path_to(t, 4), [0, 1, 4])
+    assert bool(T.is_valid(t))
+    assert t.num_slots == 5 and t.max_depth == 2
+
+
+def test_chain_and_choices():
+    c = T.chain(4, tokens=[1, 2, 3, 4])
+    np.testing.assert_array_equal(c.parents, [0, 0, 1, 2])
+    np.testing.assert_array_equal(c.ancestors[3], [0, 1, 2, 3])
+    tr, rank = T.from_choices([[0, 0], [1], [0], [0, 1]])
+    np.testing.assert_array_equal(tr.parents, [0, 0, 0, 1, 1])
+    np.testing.assert_array_equal(rank, [0, 0, 1, 0, 1])
+    # Missing prefixes are added.
+    tr, _ = T.from_choices([[2, 0]])
+    np.testing.assert_array_equal(tr.parents, [0, 0, 1])
+    with pytest.raises(ValueError, match="negative rank"):
+        T.from_choices([[0, -1]])
+
+
+@given(valid_parents(), st.integers(1, 12))
+def test_property_invariants_hold(data, max_depth):
+    parents, valid = data
+    t = T.from_parents(parents, valid=valid, max_depth=max_depth)
+    results = T.check(t)
+    for name, ok in results.items():
+        assert bool(jnp.all(ok)), name
+    depth = naive_depths(parents)
+    for i in range(len(parents)):
+        if t.valid[i]:
+            assert int(t.depth[i]) == depth[i] <= max_depth
+            # Ancestor column d is the d-th node on the root path.
+            node, path = i, [i]
+            while node:
+                node = parents[node]
+                path.append(node)
+            np.testing.assert_array_equal(t.ancestors[i, : depth[i] + 1], path[::-1])
+        # A node is kept exactly when it and all its ancestors were valid and shallow enough.
+        expected = bool(valid[i]) and depth[i] <= max_depth
+        node = i
+        while node:
+            node = parents[node]
+            expected = expected and bool(valid[node])
+        assert bool(t.valid[i]) == expected
+
+
+@given(st.lists(INT32, min_size=1, max_size=10), st.lists(st.booleans(), min_size=10,
+       max_size=10), st.integers(1, 6))
+def test_performance_mode_repairs_any_int32_input(performance_mode, raw, valid, max_depth):
+    parents = np.asarray(raw, np.int64).astype(np.int32)
+    t = T.from_parents(parents, valid=np.asarray(valid[: len(raw)]), max_depth=max_depth)
+    n = len(raw)
+    for field in (t.parents, t.depth, t.ancestors):
+        assert int(jnp.min(field)) >= 0 and int(jnp.max(field)) < max(n, max_depth + 1)
+    assert int(jnp.max(t.parents)) < n and int(jnp.max(t.ancestors)) < n
+    assert bool(T.is_valid(t))
+
+
+@given(st.lists(INT32, min_size=1, max_size=8), st.lists(INT32, min_size=8, max_size=8))
+def test_check_never_fails_on_garbage(parents, depth):
+    n = len(parents)
+    t = T.Tree(tokens=jnp.zeros((n,), jnp.int32), parents=jnp.asarray(parents, jnp.int32),
+               valid=jnp.ones((n,), bool), depth=jnp.asarray(depth[:n], jnp.int32),
+               ancestors=jnp.asarray(np.resize(depth, (n, 3)), jnp.int32),
+               logscore=jnp.zeros((n,), jnp.float32))
+    results = jax.jit(T.check)(t)  # must not crash, whatever the values
+    assert set(results) == set(T.INVARIANTS)
+
+
+@pytest.mark.parametrize("parents,valid,max_depth,invariant", [
+    ([0, 0, 2], None, 3, "topological"),           # parent == own index
+    ([0, 0, 5], None, 3, "in_range"),              # out of range
+    ([0, -1, 0], None, 3, "in_range"),             # negative sentinel
+    ([0, 2, 1], None, 3, "topological"),           # a cycle 1 <-> 2
+    ([0, 0, 1], [True, False, True], 3, "valid_closure"),
+    ([0, 0, 1, 2, 3], None, 3, "depth_consistent"),  # depth 4 > max_depth 3
+    ([1, 0, 0], None, 3, "root_ok"),
+])
+def test_reference_mode_names_the_broken_invariant(reference_mode, parents, valid, max_depth,
+                                                   invariant):
+    with pytest.raises(T.InvalidTreeError, match=f"'{invariant}' broken at node"):
+        T.from_parents(parents, valid=valid, max_depth=max_depth)
+    # The same check inside jit raises through checkify.
+    jitted = T.mode.checked(jax.jit(lambda p: T.from_parents(p, valid=valid,
+                                                             max_depth=max_depth)))
+    with pytest.raises(Exception, match=f"'{invariant}' broken at node"):
+        jitted(jnp.asarray(parents, jnp.int32))
+
+
+def test_assert_valid_on_hand_built_cycle():
+    t = T.from_parents([0, 0, 1], max_depth=2)
+    cyclic = T.Tree(tokens=t.tokens, parents=jnp.asarray([0, 2, 1], jnp.int32), valid=t.valid,
+                    depth=t.depth, ancestors=t.ancestors, logscore=t.logscore)
+    assert not bool(jnp.all(T.check(cyclic)["acyclic"]))
+    with pytest.raises(T.InvalidTreeError, match="broken at node 1"):
+        T.assert_valid(cyclic)
+
+
+def test_performance_mode_turns_bad_nodes_into_padding(performance_mode):
+    t = T.from_parents([0, 3, 0, -5, 1, 2], max_depth=2)
+    np.testing.assert_array_equal(t.valid, [True, False, True, False, False, True])
+    np.testing.assert_array_equal(t.parents, [0, 0, 0, 0, 0, 2])
+    assert float(t.logscore[1]) == -np.inf
+
+
+def test_jit_vmap_and_no_recompile():
+    traces = []
+
+    def build(parents, valid):
+        traces.append(1)
+        return T.from_parents(parents, valid=valid, max_depth=4)
+
+    fn = jax.jit(build)
+    a = fn(jnp.asarray([0, 0, 1, 2], jnp.int32), jnp.ones((4,), bool))
+    b = fn(jnp.asarray([0, 0, 0, 1], jnp.int32), jnp.asarray([True, True, False, True]))
+    assert len(traces) == 1
+    eager = T.from_parents([0, 0, 0, 1], valid=[True, True, False, True], max_depth=4)
+    for x, y in zip(jax.tree_util.tree_leaves(b), jax.tree_util.tree_leaves(eager)):
+        np.testing.assert_array_equal(x, y)
+    batch = jax.vmap(build)(jnp.asarray([[0, 0, 1, 2], [0, 0, 0, 1]], jnp.int32),
+                            jnp.ones((2, 4), bool))
+    np.testing.assert_array_equal(batch.depth, [[0, 1, 2, 3], [0, 1, 1, 2]])
+    np.testing.assert_array_equal(batch.depth[0], a.depth)
+    assert bool(jnp.all(jax.vmap(T.is_valid)(batch)))
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match="tokens has shape"):
+        T.from_parents([0, 0], tokens=[1, 2, 3], max_depth=1)
+    with pytest.raises(ValueError, match="max_depth"):
+        T.from_parents([0, 0], max_depth=0)
+    with pytest.raises(ValueError, match="at least the root"):
+        T.chain(0)
