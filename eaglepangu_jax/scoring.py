@@ -116,7 +116,9 @@ def best_first(
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     depth_max, vocab = lp.shape
     k = min(budget, vocab, top_k or budget)
-    lp = jnp.minimum(_nan_to_neg_inf(lp), 0.0)
+    # ``>= 0`` also maps -0.0 to +0.0: top_k orders -0.0 below +0.0, which would break the
+    # token-id tie rule between equal probabilities.
+    lp = jnp.where(lp >= 0, 0.0, _nan_to_neg_inf(lp))
     top_lp, top_tok = jax.lax.top_k(lp, k)  # [D, K]; equal values keep the lower token id first
 
     slots, pool = budget + 1, 2 * budget + 1

@@ -236,6 +236,61 @@ def from_choices(choices: Sequence[Sequence[int]], *, max_depth: int | None = No
     return tree, jnp.asarray(rank, jnp.int32)
 
 
+def from_paths(
+    root_token: Int[ArrayLike, ""],
+    paths: Int[ArrayLike, "M D"],
+    path_len: Int[ArrayLike, "M"],
+    *,
+    budget: int,
+    path_weight: Float[ArrayLike, "M"] | None = None,
+) -> Tree:
+    """Merge candidate continuations into a trie (jittable; ``budget`` static).
+
+    Path ``m`` contributes nodes for ``paths[m, :path_len[m]]``; paths sharing a prefix share
+    its nodes. Slots are numbered in (path, depth) order, which puts every parent before its
+    children, and the first ``budget`` distinct nodes are kept (earlier paths win, so pass
+    paths best first). A node's ``logscore`` is the log of the summed ``path_weight`` of the
+    paths through it, normalised by the total weight (a count-based acceptance estimate).
+
+    Returns:
+      A tree with ``budget + 1`` slots and ``max_depth = D``.
+    """
+    paths = jnp.asarray(paths, jnp.int32)
+    m, d = paths.shape
+    path_len = jnp.clip(jnp.asarray(path_len, jnp.int32), 0, d)
+    weight = (jnp.ones((m,), jnp.float32) if path_weight is None
+              else jnp.nan_to_num(jnp.asarray(path_weight, jnp.float32), nan=0.0, neginf=0.0))
+    weight = jnp.where(path_len > 0, jnp.maximum(weight, 0.0), 0.0)
+    depth_index = jnp.arange(d, dtype=jnp.int32)
+    present = depth_index[None, :] < path_len[:, None]  # [M, D]
+    # same[a, b, k]: paths a and b agree on tokens 0..k (and both reach depth k).
+    agree = (paths[:, None, :] == paths[None, :, :]) & present[:, None, :] & present[None, :, :]
+    same = jnp.cumprod(agree.astype(jnp.int32), axis=-1).astype(bool)  # [M, M, D]
+    earlier = jnp.arange(m)[None, :] < jnp.arange(m)[:, None]  # [a, b]: b < a
+    owner_is_self = ~jnp.any(same & earlier[:, :, None], axis=1)  # [M, D]
+    is_new = owner_is_self & present
+    # Owner of (a, k): the first path agreeing with a up to depth k.
+    owner = jnp.argmax(same, axis=1).astype(jnp.int32)  # [M, D]
+    flat_new = is_new.reshape(-1)
+    slot_of_new = jnp.cumsum(flat_new.astype(jnp.int32)).reshape(m, d)  # 1-based slot ids
+    kept_new = is_new & (slot_of_new <= budget)
+    node_slot = slot_of_new[owner, depth_index[None, :]]  # [M, D] slot of (a, k)'s owner node
+    parent_slot = jnp.concatenate([jnp.zeros((m, 1), jnp.int32), node_slot[:, :-1]], axis=1)
+    mass = jnp.sum(jnp.where(same, weight[None, :, None], 0.0), axis=1)  # [M, D]
+    total = jnp.maximum(jnp.sum(weight), 1e-30)
+    logscore = jnp.log(mass / total)
+    n = budget + 1
+    # Scatter kept nodes to their slots; everything else is dropped (mode="drop" keeps
+    # indices in range: the out-of-budget ones are routed to slot n, which does not exist).
+    target = jnp.where(kept_new, slot_of_new, n).reshape(-1)
+    parents = jnp.zeros((n,), jnp.int32).at[target].set(parent_slot.reshape(-1), mode="drop")
+    tokens = (jnp.zeros((n,), jnp.int32).at[target].set(paths.reshape(-1), mode="drop")
+              .at[0].set(jnp.asarray(root_token, jnp.int32)))
+    valid = jnp.zeros((n,), bool).at[target].set(True, mode="drop").at[0].set(True)
+    scores = jnp.zeros((n,), jnp.float32).at[target].set(logscore.reshape(-1), mode="drop")
+    return _assemble(tokens, jnp.where(valid, parents, 0), valid, scores, d)
+
+
 def check(tree: Tree) -> dict[str, Bool[Array, "N"]]:
     """Evaluate every invariant per slot on an arbitrary (maybe hand-built) tree.
 

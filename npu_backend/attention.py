@@ -46,7 +46,8 @@ def choose_impl(device: str | torch.device) -> Impl:
     """
     if mode.is_reference():
         return "eager"
-    return "npu_fused" if torch.device(device).type == "npu" else "sdpa"
+    # Parsed as text: torch only knows the "npu" device type once torch_npu is imported.
+    return "npu_fused" if str(device).partition(":")[0] == "npu" else "sdpa"
 
 
 def tree_attention(

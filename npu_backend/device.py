@@ -98,8 +98,8 @@ def select_device(requested: str | None = None) -> str:
     """
     value = requested if requested is not None else os.environ.get(ENV_VAR, "auto")
     value = value.strip().lower() or "auto"
-    kind, _, index = value.partition(":")
-    if value != "auto" and (kind not in DEVICE_TYPES or (index and not index.isdigit())):
+    kind, sep, index = value.partition(":")
+    if value != "auto" and (kind not in DEVICE_TYPES or (sep and not index.isdigit())):
         raise ValueError(
             f"unknown device {value!r} (from {'argument' if requested is not None else ENV_VAR});"
             f" expected 'auto' or one of {DEVICE_TYPES}, optionally with ':<index>'"

@@ -3,8 +3,10 @@
 ``k`` and ``v`` are ``[L, S, K, Dh]``; slots ``[0, length)`` hold the committed prefix. A
 forward over ``T`` new tokens writes their K/V at ``[length, length + T)`` and leaves
 ``length`` alone, so a rejected branch is rolled back by doing nothing. Acceptance then
-commits either the first ``n`` written slots (:meth:`TorchKVCache.commit_length`, a chain) or
-an accepted tree path (:meth:`TorchKVCache.commit_path`, moved into place).
+commits either a chain already in place (:meth:`TorchKVCache.commit_length`) or an accepted
+tree path (:meth:`TorchKVCache.commit_path`, moved into place), with the semantics of
+:mod:`eaglepangu_jax.cache`: the root (last round's bonus token) and the accepted nodes are
+kept, the new bonus token is written by the next forward.
 
 Every move uses integer ``index_copy_``: a boolean ``index_put_`` crashed an Ascend device,
 and device kernels do not wrap negative indices, so slots are range-checked on the host first.
@@ -61,42 +63,56 @@ class TorchKVCache:
         self.k[layer].index_copy_(0, slots, k_new.to(self.k.dtype))
         self.v[layer].index_copy_(0, slots, v_new.to(self.v.dtype))
 
-    def commit_length(self, n: int) -> None:
-        """Keep the first ``n`` slots written past the prefix (a chain's accepted tokens)."""
+    def advance(self, n: int) -> None:
+        """Commit ``n`` slots written in place (e.g. after a prefill of ``n`` tokens)."""
         if n < 0 or self.length + n > self.num_slots:
-            raise ValueError(f"cannot commit {n} slots after {self.length} of "
-                             f"{self.num_slots}")
+            raise ValueError(f"cannot advance by {n} after {self.length} of {self.num_slots} "
+                             "slots")
         self.length += n
 
+    def commit_length(self, accepted: int) -> None:
+        """Commit a chain: the root and ``accepted`` draft tokens are already in place."""
+        if accepted < 0:
+            raise ValueError(f"accepted must be >= 0, got {accepted}")
+        self.advance(accepted + 1)
+
     def commit_path(self, path_slots: Sequence[int] | torch.Tensor) -> int:
-        """Move the K/V of an accepted path to ``[length, length + A)`` and commit them.
+        """Move an accepted tree path into place and commit it (root included).
+
+        Tree node ``j`` lives at cache slot ``length + j``; the path's entry ``k`` (the node
+        accepted at depth ``k``) moves to ``length + k`` and ``length`` grows by
+        ``len(path_slots)``, as :func:`eaglepangu_jax.cache.commit` does.
 
         Args:
-            path_slots: absolute cache slots of the accepted nodes, root first (tree node
-                ``j`` lives at slot ``length + j``). Each must lie in ``[length, S)``, no
-                repeats. A device tensor is read on the host (one synchronisation).
+            path_slots: tree slots of the accepted path, root (0) first, accepted nodes only.
+                Each in ``[0, S - length)``, no repeats. A device tensor is read on the host
+                (one synchronisation; the host needs the path to emit its tokens anyway).
 
         Returns:
-            The number of slots actually copied: the leading run already in place (a shared
-            prefix, e.g. the root and a first-child chain) is skipped.
+            The number of slots copied: the leading run already in place (the root, a chain
+            of first children) is skipped, only the newly accepted segment moves.
         """
-        slots = [int(s) for s in (path_slots.tolist() if isinstance(path_slots, torch.Tensor)
-                                  else path_slots)]
-        bad = [s for s in slots if not self.length <= s < self.num_slots]
-        if bad:
-            raise ValueError(f"path slots {bad} outside the speculative region "
-                             f"[{self.length}, {self.num_slots})")
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"path slots {slots} repeat a slot")
+        path = [int(s) for s in (path_slots.tolist() if isinstance(path_slots, torch.Tensor)
+                                 else path_slots)]
+        room = self.num_slots - self.length
+        if not path or path[0] != 0:
+            raise ValueError(f"a path starts at the root, tree slot 0; got {path}")
+        bad = [s for s in path if not 0 <= s < room]
+        if bad or len(path) > room:
+            raise ValueError(f"path {path} does not fit the {room} slots after the committed "
+                             f"prefix (bad entries {bad})")
+        if len(set(path)) != len(path):
+            raise ValueError(f"path {path} repeats a slot")
         in_place = 0
-        while in_place < len(slots) and slots[in_place] == self.length + in_place:
+        while in_place < len(path) and path[in_place] == in_place:
             in_place += 1
-        moved = len(slots) - in_place
+        moved = len(path) - in_place
         if moved:
-            src = torch.tensor(slots[in_place:], dtype=torch.long, device=self.k.device)
+            src = torch.tensor(path[in_place:], dtype=torch.long, device=self.k.device)
+            src += self.length
             dst = self._slots(self.length + in_place, moved)
             # index_select copies first, so overlapping source and destination are safe.
             self.k.index_copy_(1, dst, self.k.index_select(1, src))
             self.v.index_copy_(1, dst, self.v.index_select(1, src))
-        self.length += len(slots)
+        self.length += len(path)
         return moved

@@ -8,27 +8,44 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from eaglepangu_jax import mask
+from eaglepangu_jax import mask, mode
 from eaglepangu_jax import tree as tree_lib
 
 
+# A few fixed table shapes (N slots, D max depth) keep compilations few; random parents,
+# padding and depth limits inside them cover the trees.
+SHAPES = [(1, 1), (5, 2), (12, 3), (12, 11)]
+
+
 @st.composite
-def raw_trees(draw, max_slots=12):
+def raw_trees(draw):
     """Valid construction inputs: parents ``0 <= p < i``, a valid closure, a depth limit."""
-    n = draw(st.integers(1, max_slots))
+    n, max_depth = draw(st.sampled_from(SHAPES))
     parents = [0] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
     keep = [True] + [draw(st.integers(0, 4)) > 0 for _ in range(1, n)]
-    max_depth = draw(st.integers(1, max(1, n - 1)))
+    limit = draw(st.integers(1, max_depth))
     depth, valid = [0] * n, [True] * n
     for i in range(1, n):
         depth[i] = depth[parents[i]] + 1
-        valid[i] = keep[i] and valid[parents[i]] and depth[i] <= max_depth
+        valid[i] = keep[i] and valid[parents[i]] and depth[i] <= limit
     return parents, valid, max_depth
 
 
+def _from_parents(parents, valid, max_depth):
+    return tree_lib.from_parents(parents, valid=valid, max_depth=max_depth)
+
+
+# checked outside jit: in reference mode from_parents emits checkify checks.
+_build = mode.checked(jax.jit(_from_parents, static_argnums=2))
+
+
 def build(parents, valid, max_depth):
-    return tree_lib.from_parents(np.asarray(parents, np.int32), valid=np.asarray(valid),
-                                 max_depth=max_depth)
+    return _build(np.asarray(parents, np.int32), np.asarray(valid), max_depth)
+
+
+tree_mask_jit = jax.jit(mask.tree_mask)
+verify_mask_jit = jax.jit(mask.verify_mask, static_argnums=2)
+causal_mask_jit = jax.jit(mask.causal_mask, static_argnums=(0, 2))
 
 
 def oracle_tree_mask(parents, valid):
@@ -56,7 +73,7 @@ def oracle_verify_mask(parents, valid, committed_len, cache_len):
 
 
 # Example tree of the tree module: root -> 1 -> 3, root -> 2, 1 -> 4.
-EXAMPLE = tree_lib.from_parents(np.array([0, 0, 0, 1, 1], np.int32), max_depth=2)
+EXAMPLE = build([0, 0, 0, 1, 1], [True] * 5, 2)
 
 
 def test_tree_mask_literal():
@@ -70,8 +87,7 @@ def test_tree_mask_literal():
 
 def test_tree_mask_padding_rows_see_root_and_self_only():
     # Slot 2 is padding (invalid), slot 3 hangs off it and so is padding too (closure).
-    tree = tree_lib.from_parents(np.array([0, 0, 0, 2, 1], np.int32),
-                                 valid=np.array([True, True, False, True, True]), max_depth=3)
+    tree = build([0, 0, 0, 2, 1], [True, True, False, True, True], 3)
     expected = np.array([[1, 0, 0, 0, 0],
                          [1, 1, 0, 0, 0],
                          [1, 0, 1, 0, 0],
@@ -104,7 +120,7 @@ def test_tree_mask_matches_oracle(raw):
     parents, valid, max_depth = raw
     tree = build(parents, valid, max_depth)
     np.testing.assert_array_equal(np.asarray(tree.valid), valid)
-    got = np.asarray(mask.tree_mask(tree))
+    got = np.asarray(tree_mask_jit(tree))
     np.testing.assert_array_equal(got, oracle_tree_mask(parents, valid))
     assert got.any(axis=1).all()
 
@@ -113,20 +129,20 @@ def test_tree_mask_matches_oracle(raw):
 def test_verify_mask_matches_oracle(raw, data):
     parents, valid, max_depth = raw
     n = len(parents)
-    cache_len = data.draw(st.integers(1, 24))
+    cache_len = data.draw(st.sampled_from([1, 7, 16, 24]))
     # Mostly trees that fit; sometimes past the end (columns dropped, rows still non-empty).
     committed = data.draw(st.integers(0, cache_len + 2))
-    got = np.asarray(mask.verify_mask(build(parents, valid, max_depth), jnp.int32(committed),
-                                      cache_len))
+    got = np.asarray(verify_mask_jit(build(parents, valid, max_depth), jnp.int32(committed),
+                                     cache_len))
     assert got.shape == (n, cache_len)
     expected = oracle_verify_mask(parents, valid, min(committed, cache_len), cache_len)
     np.testing.assert_array_equal(got, expected)
     assert got.any(axis=1).all()
 
 
-@given(st.integers(1, 8), st.integers(1, 20), st.integers(0, 22))
+@given(st.sampled_from([1, 3, 8]), st.sampled_from([1, 8, 20]), st.integers(0, 22))
 def test_causal_mask_matches_oracle(t, cache_len, committed):
-    got = np.asarray(mask.causal_mask(t, jnp.int32(committed), cache_len))
+    got = np.asarray(causal_mask_jit(t, jnp.int32(committed), cache_len))
     c = min(committed, cache_len)
     expected = np.array([[s <= c + r for s in range(cache_len)] for r in range(t)])
     np.testing.assert_array_equal(got, expected)
@@ -148,8 +164,15 @@ def test_bad_static_arguments():
 
 # --- conversions -------------------------------------------------------------------------
 
-bool_masks = hnp.arrays(np.bool_, hnp.array_shapes(min_dims=1, max_dims=3, min_side=1,
-                                                   max_side=70))
+# Word-boundary widths (31, 32, 33, 64, 70) and a few batch shapes; random contents.
+MASK_SHAPES = [(1,), (31,), (32,), (33,), (4, 1), (3, 64), (2, 3, 70)]
+bool_masks = st.sampled_from(MASK_SHAPES).flatmap(lambda shape: hnp.arrays(np.bool_, shape))
+
+pack_jit = jax.jit(mask.pack)
+unpack_jit = jax.jit(mask.unpack, static_argnums=1)
+to_ascend_jit = jax.jit(mask.to_ascend, static_argnums=1)
+from_ascend_jit = jax.jit(mask.from_ascend)
+pad_keys_jit = jax.jit(mask.pad_keys, static_argnums=1)
 
 
 def test_pack_bit_layout():
@@ -163,9 +186,9 @@ def test_pack_bit_layout():
 
 @given(bool_masks)
 def test_pack_unpack_round_trip(m):
-    packed = mask.pack(jnp.asarray(m))
+    packed = pack_jit(jnp.asarray(m))
     assert packed.shape == m.shape[:-1] + (-(-m.shape[-1] // 32),)
-    np.testing.assert_array_equal(mask.unpack(packed, m.shape[-1]), m)
+    np.testing.assert_array_equal(unpack_jit(packed, m.shape[-1]), m)
 
 
 def test_unpack_rejects_wrong_width():
@@ -178,10 +201,10 @@ def test_unpack_rejects_wrong_width():
 
 @given(bool_masks, st.sampled_from([jnp.uint8, jnp.bool_]))
 def test_ascend_round_trip(m, dtype):
-    ascend = mask.to_ascend(jnp.asarray(m), dtype)
+    ascend = to_ascend_jit(jnp.asarray(m), dtype)
     assert ascend.dtype == dtype
     np.testing.assert_array_equal(np.asarray(ascend).astype(bool), ~m)  # 1 = masked out
-    np.testing.assert_array_equal(mask.from_ascend(ascend), m)
+    np.testing.assert_array_equal(from_ascend_jit(ascend), m)
 
 
 def test_to_ascend_literal_and_bad_dtype():
@@ -191,16 +214,16 @@ def test_to_ascend_literal_and_bad_dtype():
         mask.to_ascend(jnp.array([True]), jnp.float32)
 
 
-@given(bool_masks, st.integers(1, 40))
+@given(bool_masks, st.sampled_from([1, 7, 16, 32]))
 def test_pad_keys_round_trip(m, multiple):
-    padded = np.asarray(mask.pad_keys(jnp.asarray(m), multiple))
+    padded = np.asarray(pad_keys_jit(jnp.asarray(m), multiple))
     s = m.shape[-1]
     assert padded.shape[:-1] == m.shape[:-1]
     assert padded.shape[-1] % multiple == 0 and s <= padded.shape[-1] < s + multiple
     np.testing.assert_array_equal(padded[..., :s], m)
     assert not padded[..., s:].any()
     # Padded columns come out masked in the Ascend polarity too.
-    assert np.asarray(mask.to_ascend(jnp.asarray(padded)))[..., s:].all()
+    assert np.asarray(to_ascend_jit(jnp.asarray(padded), jnp.uint8))[..., s:].all()
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
@@ -248,9 +271,9 @@ def test_vmap_over_trees_and_lengths():
         np.testing.assert_array_equal(cm[b], mask.causal_mask(3, committed[b], 16))
 
 
-@given(bool_masks)
-def test_conversions_vmap_and_jit(m):
-    m = jnp.asarray(m).reshape(-1, m.shape[-1])
+@pytest.mark.parametrize("shape", [(3, 33), (2, 64)])
+def test_conversions_vmap_and_jit(shape):
+    m = jax.random.bernoulli(jax.random.key(1), 0.5, shape)
     cols = m.shape[-1]
     packed = jax.jit(jax.vmap(mask.pack))(m)
     np.testing.assert_array_equal(packed, mask.pack(m))
@@ -293,7 +316,7 @@ def test_no_recompile_when_dynamic_values_change():
 def test_no_python_loop_over_nodes():
     # The traced program's size must not grow with the number of slots.
     def size(n):
-        tree = tree_lib.chain(n, max_depth=4)
+        tree = build([0] * n, [True] * n, 4)
         return len(jax.make_jaxpr(lambda t: mask.verify_mask(t, 3, 64))(tree).eqns)
 
     assert size(4) == size(40)

@@ -74,11 +74,12 @@ def oracle_best_first(lp, budget, top_k=None):
 # ------------------------------------------------------------------ strategies
 
 TIE_VALUES = st.sampled_from([0.0, -0.5, -1.0, -2.0, NEG_INF, NAN])
-SMOOTH_VALUES = st.floats(-6.0, 0.0, allow_nan=False, width=32)
+# XLA on CPU flushes subnormals to zero, numpy does not: keep them out of exact comparisons.
+SMOOTH_VALUES = st.floats(-6.0, 0.0, allow_nan=False, allow_subnormal=False, width=32)
 
 
 @st.composite
-def marginals(draw, shapes=((1, 1), (1, 4), (3, 4), (3, 1), (2, 3))):
+def marginals(draw, shapes=((1, 4), (3, 4), (2, 3))):
     d, v = draw(st.sampled_from(shapes))
     values = draw(st.sampled_from([TIE_VALUES, SMOOTH_VALUES, st.one_of(TIE_VALUES,
                                                                         SMOOTH_VALUES)]))
@@ -86,7 +87,8 @@ def marginals(draw, shapes=((1, 1), (1, 4), (3, 4), (3, 1), (2, 3))):
                       np.float32).reshape(d, v)
 
 
-BUDGETS = st.sampled_from([1, 2, 5, 13, 90])
+# Few static budgets (each compiles once); smaller ones are reached through n_nodes.
+BUDGETS = st.sampled_from([2, 90])
 
 
 @st.composite
@@ -178,10 +180,11 @@ def test_best_first_rejects_bad_shape():
         S.best_first(np.zeros((3,), np.float32), 0, budget=2)
 
 
-@given(marginals(), BUDGETS, st.sampled_from([None, 1, 2]))
-def test_best_first_matches_brute_force_oracle(lp, budget, top_k):
-    t = best_first(lp, 9, budget=budget, top_k=top_k)
-    tokens, parents, scores = oracle_best_first(lp, budget, top_k)
+@given(marginals(), BUDGETS, st.sampled_from([None, 2]), st.integers(0, 90))
+def test_best_first_matches_brute_force_oracle(lp, budget, top_k, n_nodes):
+    n_nodes = min(n_nodes, budget)
+    t = best_first(lp, 9, budget=budget, top_k=top_k, n_nodes=jnp.int32(n_nodes))
+    tokens, parents, scores = oracle_best_first(lp, n_nodes, top_k)
     m = len(tokens)
     valid = np.asarray(t.valid)
     np.testing.assert_array_equal(valid[1:], [True] * m + [False] * (budget - m))
@@ -190,27 +193,29 @@ def test_best_first_matches_brute_force_oracle(lp, budget, top_k):
     np.testing.assert_array_equal(np.asarray(t.logscore)[1:m + 1], np.asarray(scores, np.float32))
 
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 4, 11, 30]))
-def test_distinct_scores_give_exactly_the_top_budget_prefixes(seed, budget):
-    # Continuous marginals: no ties, so "top budget prefixes" needs no tie rule at all.
+@given(st.integers(0, 2**32 - 1), st.integers(1, 30))
+def test_distinct_scores_give_exactly_the_top_budget_prefixes(seed, n):
+    # Continuous marginals: no ties, so "top n prefixes" needs no tie rule at all.
     rng = np.random.default_rng(seed)
     lp = np.asarray(jax.nn.log_softmax(rng.normal(size=(3, 4)) * 2, axis=-1), np.float32)
-    t = best_first(lp, 0, budget=budget)
+    t = best_first(lp, 0, budget=30, n_nodes=jnp.int32(n))
     every = {}
     for d in range(1, 4):
         for path in itertools.product(range(4), repeat=d):
-            every[path] = np.float32(sum(np.float64(lp[k, x]) for k, x in enumerate(path)))
-    want = sorted(every, key=every.get, reverse=True)[:budget]
+            every[path] = sum(np.float64(lp[k, x]) for k, x in enumerate(path))
+    want = sorted(every, key=every.get, reverse=True)[:n]
     got = [tuple(int(t.tokens[a]) for a in t.ancestors[i, 1:int(t.depth[i]) + 1])
-           for i in range(1, budget + 1)]
+           for i in range(1, n + 1)]
     assert set(got) == set(want)
-    np.testing.assert_allclose(np.asarray(t.logscore)[1:], [every[p] for p in got], rtol=1e-5)
+    assert int(t.valid.sum()) == n + 1
+    np.testing.assert_allclose(np.asarray(t.logscore)[1:n + 1], [every[p] for p in got],
+                               rtol=1e-5)
 
 
 @given(marginals(), BUDGETS)
 def test_best_first_properties(lp, budget):
     t = best_first(lp, 3, budget=budget)
-    for name, ok in T.check(t).items():
+    for name, ok in jax.jit(T.check)(t).items():
         assert bool(jnp.all(ok)), name
     valid = np.asarray(t.valid)
     m = int(valid.sum()) - 1
@@ -228,11 +233,17 @@ def test_best_first_properties(lp, budget):
     assert len(paths) == m
 
 
+@jax.jit
+def accept_by_budget(lp, n_nodes):
+    """A(n) for every n at once: one best-first tree per dynamic node count."""
+    return jax.vmap(lambda n: S.expected_accept(S.best_first(lp, 0, budget=40, n_nodes=n)))(
+        n_nodes)
+
+
 @given(marginals(shapes=((3, 4), (2, 3))))
 def test_expected_accept_is_concave_in_budget(lp):
     budget = 40
-    fn = jax.jit(lambda x, n: S.expected_accept(S.best_first(x, 0, budget=budget, n_nodes=n)))
-    values = np.asarray([float(fn(lp, jnp.int32(n))) for n in range(budget + 1)])
+    values = np.asarray(accept_by_budget(lp, jnp.arange(budget + 1, dtype=jnp.int32)))
     steps = np.diff(values)
     assert np.all(steps >= 0)
     assert np.all(np.diff(steps) <= 1e-6), "increments of A must not increase"
@@ -250,7 +261,7 @@ def test_n_nodes_is_clipped():
 
 def test_vmap_over_a_batch_matches_single_calls():
     rng = np.random.default_rng(0)
-    lp = np.asarray(jax.nn.log_softmax(rng.normal(size=(5, 3, 6)), axis=-1), np.float32)
+    lp = np.array(jax.nn.log_softmax(rng.normal(size=(5, 3, 6)), axis=-1), np.float32)
     lp[1, 1] = NAN
     roots = jnp.arange(5, dtype=jnp.int32)
     n_nodes = jnp.asarray([8, 3, 0, 8, 5], jnp.int32)

@@ -98,20 +98,35 @@ def naive_greedy(parents, valid, tokens, logits):
         path.append(node)
 
 
+N_MAX, V_MAX = 10, 5
+
+
+@jax.jit
+def build_and_verify(parents, valid, tokens, logits):
+    """One compiled shape for every hypothesis case (fixed N_MAX slots, V_MAX vocabulary)."""
+    t = T.from_parents(parents, tokens=tokens, valid=valid, max_depth=N_MAX - 1)
+    return V.greedy(t, logits)
+
+
 @st.composite
-def trees_and_logits(draw, max_n=10):
-    """Valid random trees over a tiny vocabulary (many duplicate and 0 tokens), tied logits."""
-    n = draw(st.integers(1, max_n))
-    vocab = draw(st.integers(1, 5))
-    parents = [0] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+def trees_and_logits(draw):
+    """Valid random trees over a tiny vocabulary (many duplicate and 0 tokens), tied logits.
+
+    The drawn tree fills the first ``n`` slots; the rest are padding carrying token 0, and
+    logits columns past the drawn vocabulary are -inf, so every case has one static shape.
+    """
+    n = draw(st.integers(1, N_MAX))
+    vocab = draw(st.integers(1, V_MAX))
+    parents = [0] + [draw(st.integers(0, i - 1)) for i in range(1, n)] + [0] * (N_MAX - n)
     valid = [True]
-    for i in range(1, n):
-        valid.append(valid[parents[i]] and draw(st.booleans()))
+    for i in range(1, N_MAX):
+        valid.append(i < n and valid[parents[i]] and draw(st.booleans()))
     # Tokens may exceed the vocabulary: such nodes can never be matched.
-    tokens = [draw(st.integers(0, vocab)) for _ in range(n)]
+    tokens = [draw(st.integers(0, vocab)) for _ in range(n)] + [0] * (N_MAX - n)
     values = st.sampled_from([-np.inf, -1.0, 0.0, 1.0, 2.0])
-    logits = np.asarray([[draw(values) for _ in range(vocab)] for _ in range(n)], np.float32)
-    for i in range(n):
+    logits = np.full((N_MAX, V_MAX), -np.inf, np.float32)
+    for i in range(N_MAX):
+        logits[i, :vocab] = [draw(values) for _ in range(vocab)]
         if draw(st.integers(0, 9)) == 0:  # occasionally a broken row
             logits[i, draw(st.integers(0, vocab - 1))] = draw(st.sampled_from([np.nan, np.inf]))
     return (np.asarray(parents, np.int32), np.asarray(valid), np.asarray(tokens, np.int32),
@@ -121,10 +136,9 @@ def trees_and_logits(draw, max_n=10):
 @given(trees_and_logits())
 def test_matches_naive_walk(case):
     parents, valid, tokens, logits = case
-    max_depth = max(len(parents) - 1, 1)
+    max_depth = N_MAX - 1
     with mock.patch.dict(os.environ, PERFORMANCE):
-        t = T.from_parents(parents, tokens=tokens, valid=valid, max_depth=max_depth)
-        acc = V.greedy(t, logits)
+        acc = build_and_verify(parents, valid, tokens, logits)
     path, bonus, ok = naive_greedy(parents, valid, tokens, logits)
     length = len(path) - 1
     assert int(acc.length) == length
@@ -133,6 +147,11 @@ def test_matches_naive_walk(case):
     expected = [int(tokens[s]) for s in path[1:]] + [bonus] * (max_depth + 1 - length)
     np.testing.assert_array_equal(acc.tokens, expected)
     assert all(valid[s] for s in path)
+
+
+@jax.jit
+def verify_chain(draft, logits):
+    return V.greedy(T.chain(draft.shape[0], draft), logits)
 
 
 def test_chain_equals_plain_argmax_decoding():
@@ -147,7 +166,7 @@ def test_chain_equals_plain_argmax_decoding():
             truth.append(int(np.argmax(table[truth[-1]])))
         draft = [start] + [t if rng.random() < 0.75 else int(rng.integers(vocab))
                            for t in truth[1:n]]
-        acc = V.greedy(T.chain(n, draft), table[np.asarray(draft)])
+        acc = verify_chain(np.asarray(draft, np.int32), table[np.asarray(draft)])
         correct = 0
         while correct < n - 1 and draft[correct + 1] == truth[correct + 1]:
             correct += 1
@@ -244,11 +263,11 @@ def test_nan_rows_raise_in_reference_mode(reference_mode):
     with pytest.raises(V.DegenerateLogitsError, match="slot 2"):
         V.greedy(t, logits)
     with pytest.raises(Exception, match="slot 2"):
-        mode.checked(jax.jit(V.greedy))(t, logits)
+        mode.checked(jax.jit(lambda tree, x: V.greedy(tree, x)))(t, logits)
     # A degenerate padding row is not an error.
     logits[2, 1] = 0.0
     logits[5] = np.nan
-    assert int(mode.checked(jax.jit(V.greedy))(t, logits).length) == 1
+    assert int(mode.checked(jax.jit(lambda tree, x: V.greedy(tree, x)))(t, logits).length) == 1
 
 
 def test_invalid_tree_raises_in_reference_mode(reference_mode):
@@ -265,8 +284,9 @@ def test_hostile_tree_stays_in_range(performance_mode):
         ancestors=jnp.full((6, 4), -5, jnp.int32).at[1].set(1000),
         depth=jnp.asarray([0, 9, -2, 1, 1, 3], jnp.int32))
     rng = np.random.default_rng(3)
+    fn = jax.jit(lambda tree, logits: V.greedy(tree, logits))  # fresh trace in this mode
     for _ in range(5):
-        acc = jax.jit(V.greedy)(hostile, rng.normal(size=(6, 6)).astype(np.float32))
+        acc = fn(hostile, rng.normal(size=(6, 6)).astype(np.float32))
         assert 0 <= int(acc.length) <= 3
         assert np.all((np.asarray(acc.path) >= 0) & (np.asarray(acc.path) < 6))
 

@@ -16,21 +16,21 @@ import functools
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
-from eaglepangu_jax.models import gguf_loader
+from eaglepangu_jax.models import gguf_loader, weights_cache
 from eaglepangu_jax.models.smollm2 import find_smollm2_gguf
 
-__all__ = ["Tokenizer", "IncrementalDecoder", "load_tokenizer", "byte_alphabet",
-           "TOKEN_TYPE_CONTROL", "TOKEN_TYPE_USER_DEFINED"]
+__all__ = ["Tokenizer", "IncrementalDecoder", "load_tokenizer", "read_tokenizer_metadata",
+           "byte_alphabet", "TOKEN_TYPE_CONTROL", "TOKEN_TYPE_USER_DEFINED"]
 
 # llama.cpp token types (tokenizer.ggml.token_type).
 TOKEN_TYPE_NORMAL = 1
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
-TOKEN_TYPE_BYTE = 6
 
 
 @functools.cache
@@ -54,9 +54,9 @@ def byte_alphabet() -> dict[int, str]:
 
 def _spell(token: str) -> str:
     """A vocabulary entry in the byte alphabet (entries stored as raw text are re-spelled)."""
-    alphabet = byte_alphabet()
-    if all(ch in _alphabet_chars() for ch in token):
+    if set(token) <= _alphabet_chars():
         return token
+    alphabet = byte_alphabet()
     return "".join(alphabet[b] for b in token.encode("utf-8"))
 
 
@@ -141,25 +141,14 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> "Tokenizer":
         """Build from a GGUF's metadata (raises ModelFileError for a bad or non-BPE file)."""
-        reader = gguf_loader.open_gguf(path)
-        model = gguf_loader.read_field(reader, "tokenizer.ggml.model")
-        if model != "gpt2":
-            raise gguf_loader.ModelFileError(
-                f"{path}: tokenizer model {model!r} is not supported (expected byte-level "
-                "BPE, 'gpt2')")
+        return cls._from_metadata(read_tokenizer_metadata(path), path)
+
+    @classmethod
+    def _from_metadata(cls, metadata: dict[str, Any], source: Any) -> "Tokenizer":
         try:
-            return cls(
-                tokens=gguf_loader.read_field(reader, "tokenizer.ggml.tokens"),
-                merges=gguf_loader.read_field(reader, "tokenizer.ggml.merges"),
-                token_types=gguf_loader.read_field(reader, "tokenizer.ggml.token_type", None),
-                bos_id=int(gguf_loader.read_field(reader, "tokenizer.ggml.bos_token_id")),
-                eos_id=int(gguf_loader.read_field(reader, "tokenizer.ggml.eos_token_id")),
-                chat_template=gguf_loader.read_field(reader, "tokenizer.chat_template", None),
-            )
-        except gguf_loader.ModelFileError:
-            raise
+            return cls(**metadata)
         except (ValueError, TypeError) as err:
-            raise gguf_loader.ModelFileError(f"{path}: invalid tokenizer metadata: {err}") \
+            raise gguf_loader.ModelFileError(f"{source}: invalid tokenizer metadata: {err}") \
                 from err
 
     def encode(self, text: str) -> list[int]:
@@ -228,20 +217,44 @@ class IncrementalDecoder:
         return text
 
 
+def read_tokenizer_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The :class:`Tokenizer` constructor arguments stored in a GGUF (JSON-able)."""
+    reader = gguf_loader.open_gguf(path)
+    model = gguf_loader.read_field(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise gguf_loader.ModelFileError(
+            f"{path}: tokenizer model {model!r} is not supported (expected byte-level BPE, "
+            "'gpt2')")
+    types = gguf_loader.read_field(reader, "tokenizer.ggml.token_type", None)
+    return {
+        "tokens": list(gguf_loader.read_field(reader, "tokenizer.ggml.tokens")),
+        "merges": list(gguf_loader.read_field(reader, "tokenizer.ggml.merges")),
+        "token_types": [int(t) for t in types] if types is not None else None,
+        "bos_id": int(gguf_loader.read_field(reader, "tokenizer.ggml.bos_token_id")),
+        "eos_id": int(gguf_loader.read_field(reader, "tokenizer.ggml.eos_token_id")),
+        "chat_template": gguf_loader.read_field(reader, "tokenizer.chat_template", None),
+    }
+
+
 @functools.lru_cache(maxsize=4)
-def _load_cached(path: Path, size: int, mtime_ns: int) -> Tokenizer:
-    del size, mtime_ns  # part of the cache key only
-    return Tokenizer.from_gguf(path)
+def _load_cached(path: Path, size: int, mtime_ns: int, cache_dir: Path) -> Tokenizer:
+    del size, mtime_ns  # part of the memo key only: a rewritten file is read again
+    metadata = weights_cache.load_or_build_json(
+        path, "tokenizer", lambda: read_tokenizer_metadata(path), cache_dir=cache_dir)
+    return Tokenizer._from_metadata(metadata, path)
 
 
-def load_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:
+def load_tokenizer(path: str | os.PathLike | None = None,
+                   cache_dir: str | os.PathLike | None = None) -> Tokenizer:
     """The tokenizer of a GGUF file, the SmolLM2 teacher's by default.
 
-    Memoised per (path, size, mtime): the tokenizer is immutable, and parsing the metadata
-    costs about two seconds.
+    Parsing a GGUF's metadata takes seconds, so the tokenizer metadata is cached on disk (see
+    :func:`weights_cache.load_or_build_json`) and the built tokenizer memoised per
+    (path, size, mtime) in this process; it is immutable, so sharing it is safe.
     """
     if path is None:
         path = find_smollm2_gguf()
     path = Path(path).resolve()
     stat = path.stat()
-    return _load_cached(path, stat.st_size, stat.st_mtime_ns)
+    return _load_cached(path, stat.st_size, stat.st_mtime_ns,
+                        weights_cache.resolve_cache_dir(cache_dir))

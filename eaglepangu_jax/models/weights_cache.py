@@ -5,6 +5,7 @@ Layout of the cache directory (``$EAGLEPANGU_CACHE``, else ``~/.cache/eaglepangu
     file-hashes.json                   # {resolved path: {size, mtime_ns, sha256}}
     weights/<sha256>-v<N>.safetensors  # float32 tensors, flat names ("layers.wq")
     weights/<sha256>-v<N>.json         # sidecar: payload sha256 + byte size + metadata
+    <kind>/<sha256>-v<N>.json          # small JSON-able data (tokenizer metadata), checksummed
 
 The sidecar is written after the payload, so its presence marks a complete entry. On every
 load the payload is hashed (about 0.4 s for SmolLM2) and compared with the sidecar: a corrupt,
@@ -32,6 +33,7 @@ __all__ = [
     "sha256_file",
     "file_sha256",
     "load_or_build",
+    "load_or_build_json",
     "entry_paths",
 ]
 
@@ -134,7 +136,8 @@ def _load_entry(payload: Path, sidecar: Path, source_sha256: str
         return None
     problem = None
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION \
-            or meta.get("source_sha256") != source_sha256:
+            or meta.get("source_sha256") != source_sha256 \
+            or not isinstance(meta.get("metadata"), dict):
         problem = "sidecar does not describe this source file"
     else:
         try:
@@ -200,3 +203,44 @@ def load_or_build(source: str | os.PathLike, build: Builder, *,
     except OSError as err:
         log.warning("could not write weights cache entry %s: %s", payload, err)
     return dict(metadata), dict(arrays)
+
+
+def _canonical_sha256(payload: Any) -> str:
+    text = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def load_or_build_json(source: str | os.PathLike, kind: str, build: Callable[[], Any], *,
+                       cache_dir: str | os.PathLike | None = None) -> Any:
+    """Cached ``build()`` (a JSON-able value derived from ``source``), checksummed like weights.
+
+    Args:
+      source: the model file; its sha256 keys the entry.
+      kind: a short name for what is cached (a subdirectory: ``"tokenizer"``).
+      build: computes the value on a miss.
+      cache_dir: see :func:`resolve_cache_dir`.
+    """
+    if not kind.isidentifier():
+        raise ValueError(f"cache kind {kind!r} must be a plain identifier")
+    source_sha256 = file_sha256(source, cache_dir=cache_dir)
+    path = resolve_cache_dir(cache_dir) / kind / f"{source_sha256}-v{FORMAT_VERSION}.json"
+    entry = _read_json(path)
+    if entry is not None:
+        if (isinstance(entry, dict) and entry.get("format_version") == FORMAT_VERSION
+                and entry.get("source_sha256") == source_sha256 and "payload" in entry
+                and entry.get("payload_sha256") == _canonical_sha256(entry["payload"])):
+            return entry["payload"]
+        log.warning("discarding cache entry %s: checksum or header mismatch", path)
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        log.warning("discarding unreadable cache entry %s", path)
+        path.unlink(missing_ok=True)
+    payload = build()
+    try:
+        _write_json_atomic(path, {"format_version": FORMAT_VERSION,
+                                  "source_sha256": source_sha256,
+                                  "payload_sha256": _canonical_sha256(payload),
+                                  "payload": payload})
+    except OSError as err:
+        log.warning("could not write cache entry %s: %s", path, err)
+    return payload

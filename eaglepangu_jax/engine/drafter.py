@@ -1,0 +1,74 @@
+"""The drafter protocol: what the engine asks of a drafter, and what it gives it.
+
+A drafter is a small frozen (hashable) dataclass: its hyper-parameters are static, its weights
+and per-sequence state are pytrees passed explicitly, so the whole speculative step jits into one
+function. Each round the engine calls :meth:`Drafter.propose` with a :class:`DraftContext` and
+receives a :class:`Proposal`: a ready tree (auto-regressive or retrieval drafters) or per-depth
+marginals ``[D, V]`` (block drafters) that a tree policy turns into a tree. After verification
+the engine calls :meth:`Drafter.update` with what was accepted, including the teacher's features
+at the accepted positions (EAGLE-style heads condition on them).
+
+Dimensions: ``C`` token-buffer capacity, ``D`` drafter depth, ``N`` tree slots, ``V`` vocab,
+``F`` tapped teacher layers, ``H`` hidden size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import jax
+from jaxtyping import Array, Float, Int
+
+from eaglepangu_jax.tree import Tree
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftContext:
+    """What a drafter may look at when proposing (all committed, nothing speculative)."""
+
+    tokens: Int[Array, "C"]  # [C] prompt + emitted tokens; tokens[num_tokens - 1] is the root
+    num_tokens: Int[Array, ""]  # valid entries of ``tokens`` (root included)
+    # Teacher features of the tokens accepted in the last round, oldest first: row r belongs to
+    # position num_tokens - 1 - num_features + r. The root has none yet (it was never fed).
+    features: Float[Array, "A F H"]
+    num_features: Int[Array, ""]  # valid rows of ``features``
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    """A drafter's output for one round: exactly one of ``tree`` / ``marginals`` is used.
+
+    ``draft_probs`` is set only when children were *sampled* from the drafter (row u = the
+    distribution u's children were drawn from); acceptance then uses the multi-step
+    speculative-sampling rule, otherwise the deterministic-children rule.
+    """
+
+    tree: Tree | None = None
+    marginals: Float[Array, "D V"] | None = None  # log-probabilities per depth
+    draft_probs: Float[Array, "N V"] | None = None
+
+
+class Drafter(Protocol):
+    """Interface every drafter implements (frozen dataclass; hashable)."""
+
+    name: str
+
+    @property
+    def max_depth(self) -> int:
+        """Deepest tree it can propose."""
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """Teacher layers whose hidden states it consumes (empty if none)."""
+
+    def init_state(self, params: Any, context: DraftContext) -> Any:
+        """Per-sequence state after the prompt was prefilled."""
+
+    def propose(self, params: Any, state: Any, context: DraftContext, key: Array) -> Proposal:
+        """Draft continuations of ``context``; the tree's root is its last token (the root)."""
+
+    def update(self, params: Any, state: Any, context: DraftContext) -> Any:
+        """New state after a round; ``context`` already holds the newly accepted tokens."""
