@@ -41,8 +41,9 @@ def is_reference() -> bool:
 def checked(fn: F) -> F:
     """Wrap ``fn`` so that checkify checks it emits raise, in reference mode.
 
-    In performance mode the checks are never emitted, so ``fn`` is returned as is. The wrapper
-    can itself be jitted: errors are functionalised and thrown after the computation.
+    In performance mode the checks are never emitted, so ``fn`` is returned as is. Wrap a
+    jitted function (``checked(jax.jit(f))``), not the other way round: the error is
+    functionalised through the compiled computation and thrown on the host afterwards.
     """
 
     @functools.wraps(fn)

@@ -350,12 +350,15 @@ def sample(
       on rejection ``p <- norm(max(p - q, 0))``; when every child is rejected, draw the bonus
       from the final ``p``.
 
-      - ``without_replacement=True`` (default; for children drawn sequentially without
-        replacement, e.g. Gumbel-top-k, so siblings are distinct): on rejection also
-        ``q <- q`` with ``x_i`` zeroed, renormalised, which is exactly the law of the next
-        child given the previous ones.
-      - ``without_replacement=False``: children drawn i.i.d. from ``q`` (duplicates allowed);
-        ``q`` stays fixed.
+      - ``without_replacement=True`` (default): on rejection also ``q <- q`` with ``x_i``
+        zeroed, renormalised. This is exactly the law of the next child when siblings are
+        drawn sequentially without replacement (e.g. Gumbel-top-k). It is exact for i.i.d.
+        children too: a duplicate of an earlier sibling then has ``q(x) = 0`` and is
+        skipped, and a non-duplicate, conditioned on not being one, follows that same
+        renormalised ``q``. Hence the default.
+      - ``without_replacement=False``: the textbook SpecInfer rule, ``q`` stays fixed; exact
+        only for children drawn i.i.d. from ``q``. Applied to distinct (without-replacement)
+        siblings it is biased.
 
       Why lossless: for one candidate ``x ~ q``, "accept with ``min(1, p/q)``, otherwise draw
       from ``norm(max(p - q, 0))``" yields exactly ``p`` (standard speculative sampling).

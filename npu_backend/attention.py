@@ -5,8 +5,9 @@
 
 * ``"npu_fused"``: ``torch_npu.npu_fusion_attention`` in ``BNSD`` layout, ``sparse_mode=0``
   (a full mask: the only mode that can express a tree). Its mask polarity is the opposite
-  (1 = masked out), so the mask is converted by :func:`ascend_mask`; the key length is padded to :data:`KV_ALIGN`
-  with zero keys whose mask columns are 1. GQA is native (``head_num`` = query heads).
+  (1 = masked out), so the mask is converted by :func:`ascend_mask`; the key length is
+  padded to :data:`KV_ALIGN` with zero keys whose mask columns are 1. GQA is native
+  (``head_num`` = query heads).
 * ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` (True = attend), GQA via
   ``enable_gqa``.
 * ``"eager"``: softmax(Q K^T * scale, masked) V in float32, the reference.

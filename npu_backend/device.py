@@ -121,3 +121,17 @@ def select_device(requested: str | None = None) -> str:
             f"device {value!r} requested but torch.cuda.is_available() is False"
         )
     return value
+
+
+def torch_device(name: str):
+    """``torch.device(name)``, importing torch_npu first for an NPU (torch only knows the
+    ``npu`` type once it is registered); ``DeviceUnavailableError`` when that fails."""
+    import torch
+
+    if str(name).partition(":")[0] == "npu":
+        try:
+            _import_module("torch_npu")
+        except ImportError as error:
+            raise DeviceUnavailableError(
+                f"device {name!r} requested but {probe_npu().reason()}") from error
+    return torch.device(name)

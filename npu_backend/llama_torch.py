@@ -21,6 +21,7 @@ import torch
 from eaglepangu_jax.models.config import LlamaConfig
 from npu_backend import bridge
 from npu_backend.attention import IMPLS, Impl, choose_impl, tree_attention
+from npu_backend.device import torch_device
 from npu_backend.kv_cache import TorchKVCache
 
 
@@ -117,11 +118,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class TorchLlama:
-    """A Llama decoder in torch, bit-for-bit the JAX model's architecture and layout.
+    """A Llama decoder in torch with the JAX model's architecture, layout and precision rules.
 
     Args:
         config: model shape.
-        params: the JAX parameter pytree (numpy, JAX or torch leaves).
+        params: the JAX parameter pytree (numpy, JAX or torch leaves). CPU JAX leaves already
+            in ``dtype`` are shared with the model (DLPack), not copied; the model never
+            writes to its parameters.
         device: torch device string (see :func:`npu_backend.device.select_device`).
         dtype: parameter and cache dtype.
         attention_impl: ``"eager"``, ``"sdpa"`` or ``"npu_fused"``; None picks
@@ -136,7 +139,7 @@ class TorchLlama:
         if attention_impl not in IMPLS:
             raise ValueError(f"attention_impl must be one of {IMPLS}, got {attention_impl!r}")
         self.config = config
-        self.device = torch.device(device)
+        self.device = torch_device(device)
         self.dtype = dtype
         self.attention_impl = attention_impl
         self.params = convert_params(params, config, device=self.device, dtype=dtype)

@@ -86,8 +86,8 @@ def test_tree_mask_literal():
 
 
 def test_tree_mask_padding_rows_see_root_and_self_only():
-    # Slot 2 is padding (invalid), slot 3 hangs off it and so is padding too (closure).
-    tree = build([0, 0, 0, 2, 1], [True, True, False, True, True], 3)
+    # Slots 2 and 3 are padding (3's parent pointer to 2 is ignored).
+    tree = build([0, 0, 0, 2, 1], [True, True, False, False, True], 3)
     expected = np.array([[1, 0, 0, 0, 0],
                          [1, 1, 0, 0, 0],
                          [1, 0, 1, 0, 0],

@@ -1,7 +1,10 @@
 """Device detection and choice, with the NPU prerequisites stood in for."""
 
 import importlib.machinery
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +121,19 @@ def test_cuda_requested_without_cuda(no_cuda):
 
 def test_cpu_is_always_available():
     assert device.select_device("cpu") == "cpu"
+
+
+def test_packages_import_without_torch():
+    """The JAX library and the adapter package itself must not pull torch in."""
+    code = ("import sys, eaglepangu_jax, eaglepangu_jax.models.llama, npu_backend; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=Path(__file__).parents[1])
+    assert result.returncode == 0, result.stderr
+
+
+def test_torch_device_names_the_missing_npu_package(no_torch_npu, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    assert device.torch_device("cpu") == torch.device("cpu")
+    with pytest.raises(device.DeviceUnavailableError, match="npu:0.*not installed"):
+        device.torch_device("npu:0")

@@ -156,7 +156,7 @@ def test_best_first_literal():
 
 def test_best_first_top1_is_greedy_chain():
     lp = np.log([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]]).astype(np.float32)
-    t = S.best_first(lp, 0, budget=6, top_k=1)
+    t = best_first(lp, 0, budget=6, top_k=1)
     np.testing.assert_array_equal(t.tokens[:4], [0, 1, 0, 1])
     np.testing.assert_array_equal(t.parents[:4], [0, 0, 1, 2])
     np.testing.assert_array_equal(t.valid, [True] * 4 + [False] * 3)
@@ -255,8 +255,8 @@ def test_expected_accept_is_concave_in_budget(lp):
 
 def test_n_nodes_is_clipped():
     lp = np.log(np.full((2, 2), 0.5, np.float32))
-    assert int(S.best_first(lp, 0, budget=3, n_nodes=jnp.int32(-5)).valid.sum()) == 1
-    assert int(S.best_first(lp, 0, budget=3, n_nodes=jnp.int32(99)).valid.sum()) == 4
+    assert int(best_first(lp, 0, budget=3, n_nodes=jnp.int32(-5)).valid.sum()) == 1
+    assert int(best_first(lp, 0, budget=3, n_nodes=jnp.int32(99)).valid.sum()) == 4
 
 
 def test_vmap_over_a_batch_matches_single_calls():
@@ -268,7 +268,7 @@ def test_vmap_over_a_batch_matches_single_calls():
     batched = jax.jit(jax.vmap(functools.partial(S.best_first, budget=8)))(lp, roots,
                                                                            n_nodes=n_nodes)
     for b in range(5):
-        single = S.best_first(lp[b], roots[b], budget=8, n_nodes=n_nodes[b])
+        single = best_first(lp[b], roots[b], budget=8, n_nodes=n_nodes[b])
         for got, want in zip(jax.tree.leaves(batched), jax.tree.leaves(single)):
             np.testing.assert_array_equal(got[b], want)
 

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from eaglepangu_jax.tree import Tree
@@ -34,6 +35,10 @@ class DraftContext:
     # position num_tokens - 1 - num_features + r. The root has none yet (it was never fed).
     features: Float[Array, "A F H"]
     num_features: Int[Array, ""]  # valid rows of ``features``
+    # First visible token: drafters must ignore tokens[:start] (the draft-window ablation
+    # hides old context this way; hiding by overwriting ids would need a sentinel id, and a
+    # negative sentinel is exactly what wraps on accelerators).
+    start: Int[Array, ""] = dataclasses.field(default_factory=lambda: jnp.zeros((), jnp.int32))
 
 
 @jax.tree_util.register_dataclass

@@ -4,13 +4,21 @@ verification.
 ``forward(params, tokens, positions, cache, mask)`` runs ``T`` new tokens against the KV
 cache. Their K/V are written at slots ``[cache.length, cache.length + T)``; ``cache.length``
 is *not* advanced (the caller commits, so a rejected tree branch is rolled back by doing
-nothing). Token ``t`` attends to cache slot ``s`` iff ``mask[t, s]``, which covers the
-committed prefix, the new tokens themselves (causal chain, or ancestors in a tree) and
-nothing else.
+nothing). Token ``t`` attends to cache slot ``s`` iff ``mask[t, s]``: the committed prefix,
+the new tokens themselves (a causal chain, or a node's ancestors in a tree) and nothing else.
 
-The mask's width ``W`` is the attention window: only slots ``[0, W)`` are read, so a caller
-that knows ``length + T <= W`` passes a narrower mask (a power-of-two bucket) and pays for
-``W`` slots instead of the whole cache. ``W`` is a static shape: one compilation per bucket.
+**Attention window.** The mask's width ``W <= S`` is the window: only slots ``[0, W)`` are
+read, so a caller that knows ``length + T <= W`` passes a narrower mask (a power-of-two
+bucket, see :func:`window_bucket`) and pays for ``W`` slots instead of the whole cache. ``W``
+is a static shape: one compilation per bucket.
+
+**Two parameter layouts**, same results:
+
+* the loaders' *stacked* layout (:class:`LlamaConfig` docstring, ``[L, ...]`` leaves);
+* the *prepared* layout of :func:`prepare_params` (one dict per layer, ``lm_head`` stored
+  ``[H, V]`` even when tied). XLA on CPU copies every static slice of a stacked weight before
+  its matrix product, which made a decode step ~4x slower than the memory-bandwidth floor;
+  per-layer arrays are read in place. Use it for anything repeated.
 
 Precision: matrix products run in the parameter dtype (float32, or bfloat16 for half the
 memory traffic); RMSNorm, rotary embedding, attention scores and softmax run in float32;
@@ -44,17 +52,20 @@ def forward(
 ) -> tuple[Float[Array, "T V"], Float[Array, "T F H"], KVCache]:
     """Run ``T`` new tokens through the decoder against ``cache``.
 
+    Jit it with ``config`` and ``feature_layers`` static; changing only values (tokens,
+    positions, mask, ``cache.length``, weights) never recompiles.
+
     Args:
-        params: parameter pytree in the layout of :class:`LlamaConfig`.
+        params: parameter pytree, stacked or prepared (module docstring).
         tokens: token ids of the new tokens.
-        positions: their rotary positions (a tree node's position is its depth past the
-            committed prefix, not its slot).
-        cache: KV cache; the new K/V land at slots ``[cache.length, cache.length + T)``
-            (``cache.length + T <= W`` is the caller's contract; the write is clamped into
-            the buffer, never out of range).
-        mask: ``mask[t, s]`` is True when token ``t`` may attend to slot ``s``;
-            ``W <= S`` columns, slots ``>= W`` are ignored. A fully masked row yields a
-            zero attention output (finite logits), never NaN.
+        positions: their rotary positions (a tree node's position is the committed length
+            plus its depth, not its slot).
+        cache: KV cache; the new K/V land at slots ``[cache.length, cache.length + T)``.
+            ``cache.length + T <= W`` is the caller's contract (the write is clamped into the
+            buffer, never out of range, but a clamped write lands on the wrong slots).
+        mask: ``mask[t, s]`` is True when token ``t`` may attend to slot ``s``; its
+            ``W <= S`` columns set the attention window. A fully masked row gives a zero
+            attention output (finite logits), never NaN.
         config: static model shape.
         feature_layers: static layer indices in ``[0, L)``; ``features[:, f]`` is the
             residual stream *leaving* layer ``feature_layers[f]`` (0-based, before the final
@@ -65,38 +76,78 @@ def forward(
         new K/V written and ``length`` unchanged.
     """
     _check_shapes(params, tokens, positions, cache, mask, config, feature_layers)
-    dtype = params["embed"].dtype
     cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
     x = params["embed"][tokens]
     k_all, v_all = cache.k, cache.v
-    features = []
-    # A Python loop (unrolled at trace time) rather than lax.scan: each layer's weights are a
-    # static slice of the stacked arrays, which XLA reads in place; a scan's dynamic slices
-    # copied every weight per step (measured ~2x slower per decode token on CPU).
+    taps = {}
+    # A Python loop unrolled at trace time, not lax.scan: a scan's per-step dynamic slice
+    # of each stacked weight is a copy, and so is a static slice (see module docstring).
     for i in range(config.num_layers):
-        layer = layer_params(params, i)
         x, k_all, v_all = _decoder_layer(
-            x, layer, i, k_all, v_all, cache.length, cos, sin, mask, config
+            x, layer_params(params, i), i, k_all, v_all, cache.length, cos, sin, mask, config
         )
         if i in feature_layers:
-            features.append(x)
-    by_layer = dict(zip(sorted(set(feature_layers)), features))
+            taps[i] = x
     if feature_layers:
-        feats = jnp.stack([by_layer[i] for i in feature_layers], axis=1)
+        features = jnp.stack([taps[i] for i in feature_layers], axis=1)
     else:
-        feats = jnp.zeros((tokens.shape[0], 0, config.hidden_size), dtype)
+        features = jnp.zeros((tokens.shape[0], 0, config.hidden_size), x.dtype)
     h = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     logits = _lm_head(h, params)
-    return logits, feats, dataclasses.replace(cache, k=k_all, v=v_all)
+    return logits, features, dataclasses.replace(cache, k=k_all, v=v_all)
+
+
+def prepare_params(params: dict) -> dict:
+    """The prepared layout: ``{"embed": [V, H], "layers": (L dicts of per-layer weights, keys
+    as in the stacked layout without the leading axis), "final_norm": [H], "lm_head": [H, V]}``.
+
+    Idempotent. Copies the weights once (plus a transposed copy of tied embeddings, which
+    avoids a strided read of the ``[V, H]`` matrix in every step); keeps shardings of
+    unsharded inputs irrelevant (call :func:`eaglepangu_jax.models.sharding.shard_params`
+    for a mesh).
+    """
+    if is_prepared(params):
+        return params
+    stacked = params["layers"]
+    n_layers = stacked["wq"].shape[0]
+    # ``jnp.array(..., copy=True)`` makes each layer its own buffer (a slice view would keep
+    # the stacked array alive and, under jit, be re-sliced).
+    layers = tuple(
+        {name: jnp.array(stacked[name][i], copy=True) for name in LAYER_KEYS}
+        for i in range(n_layers)
+    )
+    lm_head = params["lm_head"] if "lm_head" in params else params["embed"].T
+    return {
+        "embed": params["embed"],
+        "layers": layers,
+        "final_norm": params["final_norm"],
+        "lm_head": jnp.array(lm_head, copy=True),
+    }
+
+
+def is_prepared(params: dict) -> bool:
+    """True for the layout of :func:`prepare_params`."""
+    return isinstance(params["layers"], (list, tuple))
 
 
 def layer_params(params: dict, i: int) -> dict:
-    """Layer ``i``'s weights from stacked (``[L, ...]`` leaves) or unstacked (a sequence of
-    per-layer dicts) ``params["layers"]``."""
+    """Layer ``i``'s weights (no leading ``L`` axis) from either layout."""
     layers = params["layers"]
     if isinstance(layers, (list, tuple)):
         return layers[i]
     return {name: layers[name][i] for name in LAYER_KEYS}
+
+
+def window_bucket(needed: int, num_slots: int, minimum: int = 64) -> int:
+    """Smallest power of two ``>= needed`` (and ``>= minimum``), capped at ``num_slots``.
+
+    The attention window for a forward whose last written slot is ``needed - 1``; buckets
+    bound the number of compiled shapes to ``log2(S)``.
+    """
+    if needed > num_slots:
+        raise ValueError(f"{needed} cache slots needed but the cache has {num_slots}")
+    width = max(minimum, 1 << max(needed - 1, 0).bit_length())
+    return min(width, num_slots)
 
 
 def rms_norm(x: Float[Array, "T H"], weight: Float[Array, "H"], eps: float) -> Float[Array, "T H"]:
@@ -112,49 +163,39 @@ def _decoder_layer(x, layer, i, k_all, v_all, start, cos, sin, mask, config):
     attn, k_all, v_all = _attention(h, layer, i, k_all, v_all, start, cos, sin, mask, config)
     x = x + attn
     h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-    if "w_gate_up" in layer:
-        gate, up = jnp.split(h @ layer["w_gate_up"], 2, axis=-1)
-    else:
-        gate, up = h @ layer["w_gate"], h @ layer["w_up"]
-    x = x + (jax.nn.silu(gate) * up) @ layer["w_down"]
-    return x, k_all, v_all
+    gated = jax.nn.silu(h @ layer["w_gate"]) * (h @ layer["w_up"])
+    return x + gated @ layer["w_down"], k_all, v_all
 
 
 def _attention(h, layer, i, k_all, v_all, start, cos, sin, mask, config):
-    """GQA attention of the new tokens over cache slots ``[0, W)`` after writing their K/V."""
+    """GQA attention of the new tokens over slots ``[0, W)`` after writing their K/V."""
     t = h.shape[0]
     n_kv, dh = config.num_kv_heads, config.head_dim
     group = config.num_heads // n_kv
     window = mask.shape[1]
-    if "wqkv" in layer:
-        qkv = h @ layer["wqkv"]
-        q, k, v = jnp.split(qkv, [config.q_width, config.q_width + config.kv_width], axis=-1)
-    else:
-        q, k, v = h @ layer["wq"], h @ layer["wk"], h @ layer["wv"]
-    q = apply_rope(q.reshape(t, config.num_heads, dh), cos, sin)
-    k = apply_rope(k.reshape(t, n_kv, dh), cos, sin)
-    v = v.reshape(t, n_kv, dh)
+    q = apply_rope((h @ layer["wq"]).reshape(t, config.num_heads, dh), cos, sin)
+    k = apply_rope((h @ layer["wk"]).reshape(t, n_kv, dh), cos, sin)
+    v = (h @ layer["wv"]).reshape(t, n_kv, dh)
     zero = jnp.zeros((), jnp.int32)
-    layer_idx = jnp.int32(i)
-    k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype),
-                                         (layer_idx, start, zero, zero))
-    v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype),
-                                         (layer_idx, start, zero, zero))
-    keys = k_all[i, :window]  # [W, K, Dh]
-    values = v_all[i, :window]
-    # Query head j uses kv head j // group (kv heads repeated consecutively).
+    at = (jnp.int32(i), start.astype(jnp.int32), zero, zero)
+    k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), at)
+    v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
+    keys = k_all[i, :window].astype(q.dtype)  # [W, K, Dh]
+    values = v_all[i, :window].astype(q.dtype)
+    # Query head j reads kv head j // group (each kv head serves a consecutive group).
     qg = q.reshape(t, n_kv, group, dh)
-    scores = jnp.einsum("tkgd,wkd->kgtw", qg, keys.astype(q.dtype),
-                        preferred_element_type=jnp.float32) * jnp.float32(dh ** -0.5)
-    probs = _masked_softmax(scores, mask)
-    out = jnp.einsum("kgtw,wkd->tkgd", probs.astype(q.dtype), values.astype(q.dtype))
+    scores = jnp.einsum("tkgd,wkd->kgtw", qg, keys, preferred_element_type=jnp.float32)
+    probs = _masked_softmax(scores * jnp.float32(dh ** -0.5), mask)
+    out = jnp.einsum("kgtw,wkd->tkgd", probs.astype(q.dtype), values)
     return out.reshape(t, config.q_width) @ layer["wo"], k_all, v_all
 
 
-def _masked_softmax(scores: Float[Array, "K G T W"], mask: Bool[Array, "T W"]):
-    """Softmax over allowed slots; rows with no allowed slot give all-zero weights."""
-    # A finite fill (not -inf) keeps max-subtraction finite on a fully masked row; the final
-    # multiply by the mask then zeroes that row instead of spreading uniform weight.
+def _masked_softmax(
+    scores: Float[Array, "K G T W"], mask: Bool[Array, "T W"]
+) -> Float[Array, "K G T W"]:
+    """Softmax over allowed slots; a row with no allowed slot gets all-zero weights."""
+    # A finite fill (not -inf) keeps the max-subtraction finite on a fully masked row; the
+    # multiply by the mask then zeroes that row instead of spreading uniform weight on it.
     filled = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     filled = filled - jnp.max(filled, axis=-1, keepdims=True)
     weights = jnp.exp(filled) * mask.astype(jnp.float32)
@@ -166,27 +207,26 @@ def _lm_head(h: Float[Array, "T H"], params: dict) -> Float[Array, "T V"]:
     if "lm_head" in params:
         logits = h @ params["lm_head"]
     else:
-        # Contract against the embedding's hidden axis directly: no transposed copy of the
-        # [V, H] matrix is materialised.
+        # Tied embeddings in the stacked layout: contract on the embedding's hidden axis.
         logits = jax.lax.dot_general(h, params["embed"], (((1,), (1,)), ((), ())))
     return logits.astype(jnp.float32)
 
 
 def _check_shapes(params, tokens, positions, cache, mask, config, feature_layers):
-    """Trace-time shape checks with messages naming the offending argument."""
-    t = tokens.shape[0]
-    if tokens.ndim != 1 or positions.shape != (t,):
-        raise ValueError(f"tokens and positions must be [T]; got {tokens.shape} and "
-                         f"{positions.shape}")
-    expected_cache = (config.num_layers, cache.k.shape[1], config.num_kv_heads, config.head_dim)
-    if cache.k.shape != expected_cache or cache.v.shape != expected_cache:
-        raise ValueError(f"cache k/v must be [L, S, K, Dh] = {expected_cache}; got "
-                         f"{cache.k.shape} and {cache.v.shape}")
+    """Trace-time shape checks whose messages name the offending argument."""
+    t = tokens.shape[0] if tokens.ndim == 1 else -1
+    if tokens.ndim != 1 or t < 1 or positions.shape != (t,):
+        raise ValueError(f"tokens and positions must be [T] with T >= 1; got {tokens.shape} "
+                         f"and {positions.shape}")
+    expected = (config.num_layers, cache.k.shape[1], config.num_kv_heads, config.head_dim)
+    if cache.k.shape != expected or cache.v.shape != expected:
+        raise ValueError(f"cache k/v must be [L, S, K, Dh] = {expected}; got {cache.k.shape} "
+                         f"and {cache.v.shape}")
     if mask.ndim != 2 or mask.shape[0] != t or not 1 <= mask.shape[1] <= cache.num_slots:
         raise ValueError(f"mask must be [T={t}, W] with 1 <= W <= S={cache.num_slots}; got "
                          f"{mask.shape}")
     if mask.dtype != jnp.bool_:
-        raise ValueError(f"mask must be boolean, got {mask.dtype}")
+        raise ValueError(f"mask must be boolean (True = may attend), got {mask.dtype}")
     if params["embed"].shape != (config.vocab_size, config.hidden_size):
         raise ValueError(f"embed must be [V, H] = {(config.vocab_size, config.hidden_size)}; "
                          f"got {params['embed'].shape}")

@@ -1,0 +1,71 @@
+"""``SpecConfig``: the frozen, hashable settings of one speculative-decoding run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+POLICIES = ("auto", "best_first", "static", "drafter")
+ACCEPTANCE = ("greedy", "sample")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpecConfig:
+    """Everything that shapes the compiled step (so it is a jit static argument).
+
+    Attributes:
+      policy: how a tree is built each round.
+        ``"drafter"``: the drafter proposes the tree itself (n-gram, EAGLE-style heads);
+        ``"best_first"``: the top-``budget`` prefixes of the drafter's per-depth marginals;
+        ``"auto"``: best-first with the roofline controller choosing the node count each round
+        (``budget`` is then the ceiling); ``"static"``: a fixed choice-list topology filled
+        with the drafter's top-k tokens per depth.
+      budget: tree nodes per round, root excluded (the ceiling under ``"auto"``).
+      depth: deepest tree node (``D``).
+      top_k: candidates per depth kept from marginals (``None``: ``budget``).
+      acceptance: ``"greedy"`` (argmax match; output equals plain greedy decoding) or
+        ``"sample"`` (lossless speculative sampling at ``temperature`` / ``top_p``).
+      temperature, top_p: sampling settings (``temperature`` 0 means greedy).
+      seed: PRNG seed for sampling and stochastic drafters.
+      max_new_tokens: generation limit per sequence.
+      draft_window: the drafter sees only the last ``draft_window`` tokens (``None``: all);
+        the seed paper's truncation ablation.
+      eos_id: stop token (``None``: the teacher's).
+    """
+
+    policy: str = "drafter"
+    budget: int = 16
+    depth: int = 8
+    top_k: int | None = None
+    acceptance: str = "greedy"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    max_new_tokens: int = 128
+    draft_window: int | None = None
+    eos_id: int | None = None
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown tree policy {self.policy!r}; known: {', '.join(POLICIES)}")
+        if self.acceptance not in ACCEPTANCE:
+            raise ValueError(f"unknown acceptance {self.acceptance!r}; known: "
+                             f"{', '.join(ACCEPTANCE)}")
+        if self.budget < 1:
+            raise ValueError(f"budget must be >= 1 tree node, got {self.budget}")
+        if self.depth < 1:
+            raise ValueError(f"depth must be >= 1, got {self.depth}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.draft_window is not None and self.draft_window < 1:
+            raise ValueError(f"draft_window must be >= 1 or None, got {self.draft_window}")
+
+    @property
+    def sampling(self) -> bool:
+        """True when tokens are sampled (``acceptance='sample'`` with a positive temperature)."""
+        return self.acceptance == "sample" and self.temperature > 0.0

@@ -1,0 +1,280 @@
+"""``generate``: speculative (or plain) decoding of one or several prompts.
+
+The host validates everything before any work, prefills, then hands the loop to the device:
+rounds run inside ``lax.while_loop`` (:func:`~eaglepangu_jax.engine.step.run_rounds`) within an
+attention window ``W`` (a power of two, static), and the host only steps in to move to a wider
+window when the sequence outgrows it: ``log2`` of the length host round trips in all, one
+compilation per window size. ``drafter=None`` is plain decoding through the same step (a tree
+of padding under the root), so both are counted the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eaglepangu_jax import cache as cache_lib
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.state import DecodeState
+from eaglepangu_jax.engine.step import StepStatic, run_rounds, run_rounds_batched
+from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax.models import llama
+from eaglepangu_jax.models.config import LlamaConfig
+
+MIN_WINDOW = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+    """A teacher model: static config plus its parameter pytree."""
+
+    config: LlamaConfig
+    params: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationStats:
+    new_tokens: int  # tokens emitted (eos included, nothing past it)
+    rounds: int  # teacher verify forwards (prefill excluded)
+    accepted_length: float  # new_tokens / rounds, bonus included; plain decoding = 1.0
+    seconds: float  # decode wall time, prefill excluded
+    prefill_seconds: float
+    tokens_per_s: float  # new_tokens / seconds
+    accepted_per_round: tuple[int, ...]  # accepted draft nodes per round
+    nodes_per_round: tuple[int, ...]  # tree nodes verified per round (root excluded)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationResult:
+    tokens: list[int]  # generated ids (prompt excluded), cut after eos / max_new_tokens
+    stats: GenerationStats
+
+
+def window_for(needed: int, capacity: int) -> int:
+    """Smallest power-of-two window >= ``needed`` (at least ``MIN_WINDOW``), capped."""
+    w = MIN_WINDOW
+    while w < needed:
+        w *= 2
+    return min(w, capacity)
+
+
+def cache_slots(prompt_len: int, spec: SpecConfig) -> int:
+    """Cache slots a generation needs: prompt, new tokens, one tree, the emitted overshoot,
+    rounded up to whole prefill chunks."""
+    need = prompt_len + spec.max_new_tokens + spec.budget + spec.depth + 2
+    return max(need, -(-prompt_len // PREFILL_CHUNK) * PREFILL_CHUNK)
+
+
+def validate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: SpecConfig) -> None:
+    """All the checks that must pass before any work starts, with the numbers in the message."""
+    cfg = teacher.config
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt is empty: at least one token is needed")
+    bad = [t for t in prompt_ids if not 0 <= int(t) < cfg.vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, "
+                         f"{cfg.vocab_size})")
+    if len(prompt_ids) > cfg.max_position:
+        raise ValueError(f"the prompt has {len(prompt_ids)} tokens, longer than the teacher's "
+                         f"context of {cfg.max_position}")
+    total = cache_slots(len(prompt_ids), spec)
+    if total > cfg.max_position:
+        raise ValueError(
+            f"prompt ({len(prompt_ids)}) + max_new_tokens ({spec.max_new_tokens}) + tree "
+            f"budget ({spec.budget}) + depth ({spec.depth}) needs {total} positions, more than "
+            f"the teacher's context of {cfg.max_position}")
+    if drafter is not None:
+        if spec.depth > drafter.max_depth:
+            raise ValueError(f"depth {spec.depth} is above the drafter's maximum "
+                             f"{drafter.max_depth}")
+        for layer in drafter.feature_layers:
+            if not 0 <= layer < cfg.num_layers:
+                raise ValueError(f"drafter wants teacher layer {layer}, the teacher has "
+                                 f"{cfg.num_layers}")
+
+
+PREFILL_CHUNK = 64
+
+
+@jax.jit(static_argnames=("config", "feature_layers", "window"), donate_argnames=("kv",))
+def _prefill_chunk(params, tokens, kv, *, config, feature_layers, window):
+    start = kv.length
+    positions = start + jnp.arange(tokens.shape[0], dtype=jnp.int32)
+    attend = mask_lib.causal_mask(tokens.shape[0], start, window)
+    _, feats, kv = llama.forward(params, tokens, positions, kv, attend, config=config,
+                                 feature_layers=feature_layers)
+    return cache_lib.advance(kv, tokens.shape[0]), feats
+
+
+def prefill(params: dict, config: LlamaConfig, prompt: np.ndarray, kv: cache_lib.KVCache, *,
+            feature_layers: tuple[int, ...] = ()) -> tuple[cache_lib.KVCache, jax.Array]:
+    """Feed ``prompt`` in fixed-size chunks (one compilation per window) and commit it.
+
+    Returns the cache and the tapped features of every prompt token ``[P, F, H]``. The last
+    chunk is padded to the chunk size; its padding is written past the committed length and
+    never attended (it is overwritten by the next forward).
+    """
+    feats = []
+    for begin in range(0, len(prompt), PREFILL_CHUNK):
+        chunk = prompt[begin: begin + PREFILL_CHUNK]
+        real = len(chunk)
+        padded = np.zeros((PREFILL_CHUNK,), np.int32)
+        padded[:real] = chunk
+        window = window_for(begin + PREFILL_CHUNK, kv.num_slots)
+        if begin + PREFILL_CHUNK > kv.num_slots:
+            raise ValueError(f"prefill chunk ends at {begin + PREFILL_CHUNK}, past the cache's "
+                             f"{kv.num_slots} slots")
+        kv, f = _prefill_chunk(params, jnp.asarray(padded), kv, config=config,
+                               feature_layers=tuple(feature_layers), window=window)
+        kv = cache_lib.truncate(kv, begin + real)
+        feats.append(f[:real])
+    return kv, jnp.concatenate(feats, axis=0)
+
+
+def init_state(teacher: Teacher, drafter: Any, draft_params: Any, prompt_ids: Sequence[int],
+               spec: SpecConfig, *, capacity: int, key: jax.Array) -> DecodeState:
+    """Prefill ``prompt[:-1]`` and build the state whose root is the prompt's last token."""
+    cfg = teacher.config
+    prompt = np.asarray(prompt_ids, np.int32)
+    n_feat = len(drafter.feature_layers) if drafter is not None else 0
+    kv = cache_lib.init(cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim,
+                        teacher.params["embed"].dtype)
+    features = jnp.zeros((spec.depth + 1, n_feat, cfg.hidden_size),
+                         teacher.params["embed"].dtype)
+    num_features = 0
+    if len(prompt) > 1:
+        kv, prefill_features = prefill(
+            teacher.params, cfg, prompt[:-1], kv,
+            feature_layers=drafter.feature_layers if drafter is not None else ())
+        take = min(len(prompt) - 1, spec.depth + 1)
+        features = features.at[:take].set(prefill_features[-take:])
+        num_features = take
+    buffer = np.zeros((capacity + spec.depth + 2,), np.int32)
+    buffer[: len(prompt)] = prompt
+    rounds_cap = spec.max_new_tokens + 1
+    state = DecodeState(
+        tokens=jnp.asarray(buffer), num_tokens=jnp.int32(len(prompt)),
+        prompt_len=jnp.int32(len(prompt)), cache=kv, features=features,
+        num_features=jnp.int32(num_features), drafter_state=None, key=key,
+        rounds=jnp.int32(0), done=jnp.bool_(False),
+        accepted_log=jnp.full((rounds_cap,), -1, jnp.int32),
+        nodes_log=jnp.full((rounds_cap,), -1, jnp.int32))
+    if drafter is not None:
+        state = dataclasses.replace(state, drafter_state=drafter.init_state(
+            draft_params, state.context(spec.draft_window)))
+    return state
+
+
+_run = jax.jit(run_rounds, static_argnums=(0,), donate_argnums=(3,))
+_run_batched = jax.jit(run_rounds_batched, static_argnums=(0,), donate_argnums=(3,))
+
+
+def _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id, batched,
+                 verify_latency=None):
+    """Drive the device loop through growing attention windows until every sequence stops."""
+    need = spec.budget + 1
+    while True:
+        length = int(np.max(np.asarray(state.cache.length)))
+        done = np.asarray(state.done)
+        if bool(np.all(done)) or length + need > capacity:
+            return state
+        window = window_for(length + need, capacity)
+        static = StepStatic(teacher=teacher.config, drafter=drafter, spec=spec, window=window,
+                            eos_id=eos_id)
+        runner = _run_batched if batched else _run
+        state = runner(static, teacher.params, draft_params, state, jnp.int32(window),
+                       verify_latency)
+
+
+def _finish(tokens: np.ndarray, prompt_len: int, num_tokens: int, spec: SpecConfig,
+            eos_id: int) -> list[int]:
+    new = tokens[prompt_len:num_tokens].tolist()[: spec.max_new_tokens]
+    if eos_id in new:
+        new = new[: new.index(eos_id) + 1]
+    return new
+
+
+def _stats(new: list[int], state_tokens_rounds, accepted, nodes, seconds, prefill_seconds):
+    rounds = int(state_tokens_rounds)
+    accepted = tuple(int(a) for a in accepted[:rounds])
+    nodes = tuple(int(n) for n in nodes[:rounds])
+    return GenerationStats(
+        new_tokens=len(new), rounds=rounds,
+        accepted_length=len(new) / rounds if rounds else 0.0, seconds=seconds,
+        prefill_seconds=prefill_seconds,
+        tokens_per_s=len(new) / seconds if seconds > 0 else float("inf"),
+        accepted_per_round=accepted, nodes_per_round=nodes)
+
+
+def generate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: SpecConfig, *,
+             draft_params: Any = None, verify_latency: Any = None) -> GenerationResult:
+    """Generate a continuation of ``prompt_ids`` (a list of token ids).
+
+    Args:
+      teacher: the verifying model.
+      drafter: a :class:`~eaglepangu_jax.engine.drafter.Drafter`, or ``None`` for plain
+        decoding counted the same way (one round per token).
+      prompt_ids: the prompt, at least one token.
+      spec: the run's settings.
+      draft_params: the drafter's weights (``None`` for training-free drafters).
+      verify_latency: ``[budget + 1]`` predicted verify seconds for the ``"auto"`` policy.
+
+    Returns:
+      The new tokens (cut after eos and at ``max_new_tokens``) and statistics. The
+      accepted length counts verify rounds, the bonus token included.
+    """
+    validate(teacher, drafter, prompt_ids, spec)
+    eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
+    capacity = cache_slots(len(prompt_ids), spec)
+    t0 = time.perf_counter()
+    state = init_state(teacher, drafter, draft_params, prompt_ids, spec, capacity=capacity,
+                       key=jax.random.key(spec.seed))
+    jax.block_until_ready(state)
+    t1 = time.perf_counter()
+    state = _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id,
+                         batched=False, verify_latency=verify_latency)
+    jax.block_until_ready(state)
+    t2 = time.perf_counter()
+    tokens = np.asarray(state.tokens)
+    new = _finish(tokens, len(prompt_ids), int(state.num_tokens), spec, eos_id)
+    return GenerationResult(tokens=new, stats=_stats(
+        new, state.rounds, np.asarray(state.accepted_log), np.asarray(state.nodes_log),
+        t2 - t1, t1 - t0))
+
+
+def generate_batch(teacher: Teacher, drafter: Any, prompts: Sequence[Sequence[int]],
+                   spec: SpecConfig, *, draft_params: Any = None,
+                   verify_latency: Any = None) -> list[GenerationResult]:
+    """Generate for several prompts at once (``vmap``): each sequence keeps its own tree,
+    committed length and stopping point; results equal per-prompt :func:`generate` calls.
+    Timings are for the whole batch."""
+    if not prompts:
+        raise ValueError("no prompts given")
+    for p in prompts:
+        validate(teacher, drafter, p, spec)
+    eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
+    capacity = max(cache_slots(len(p), spec) for p in prompts)
+    t0 = time.perf_counter()
+    states = [init_state(teacher, drafter, draft_params, p, spec, capacity=capacity,
+                         key=jax.random.fold_in(jax.random.key(spec.seed), i))
+              for i, p in enumerate(prompts)]
+    state = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states)
+    jax.block_until_ready(state)
+    t1 = time.perf_counter()
+    state = _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id,
+                         batched=True, verify_latency=verify_latency)
+    jax.block_until_ready(state)
+    t2 = time.perf_counter()
+    tokens, num = np.asarray(state.tokens), np.asarray(state.num_tokens)
+    results = []
+    for i, p in enumerate(prompts):
+        new = _finish(tokens[i], len(p), int(num[i]), spec, eos_id)
+        results.append(GenerationResult(tokens=new, stats=_stats(
+            new, state.rounds[i], np.asarray(state.accepted_log[i]),
+            np.asarray(state.nodes_log[i]), t2 - t1, t1 - t0)))
+    return results

@@ -1,0 +1,92 @@
+"""Tree policies: turn a drafter's :class:`Proposal` into the tree the teacher verifies.
+
+Every policy returns a tree with exactly ``budget + 1`` slots and ``max_depth = depth`` so the
+verify forward has one static shape per configuration (padding slots fill the rest).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from eaglepangu_jax import budget as budget_lib
+from eaglepangu_jax import scoring
+from eaglepangu_jax import tree as tree_lib
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.drafter import Proposal
+
+
+def root_only(root_token: Int[Array, ""], spec: SpecConfig) -> tree_lib.Tree:
+    """A tree of padding under the root: one plain decoding step (no drafter, or no match)."""
+    n = spec.budget + 1
+    return tree_lib.from_parents(
+        jnp.zeros((n,), jnp.int32),
+        tokens=jnp.zeros((n,), jnp.int32).at[0].set(root_token),
+        valid=jnp.zeros((n,), bool).at[0].set(True),
+        max_depth=spec.depth,
+    )
+
+
+def fit(tree: tree_lib.Tree, spec: SpecConfig) -> tree_lib.Tree:
+    """Pad or check a drafter's tree to ``budget + 1`` slots and ``depth``.
+
+    Drafters are built for a configuration, so a mismatch is a programming error and raises.
+    """
+    if tree.num_slots != spec.budget + 1 or tree.max_depth != spec.depth:
+        raise ValueError(
+            f"drafter tree has {tree.num_slots} slots / depth {tree.max_depth}, the engine "
+            f"expects budget + 1 = {spec.budget + 1} slots / depth {spec.depth}")
+    return tree
+
+
+def controller_budget(
+    candidate: tree_lib.Tree,
+    verify_latency: Float[Array, "N"],
+    t_draft: Float[Array, ""],
+    t_other: Float[Array, ""],
+) -> Int[Array, ""]:
+    """BASTION's stop rule on a best-first tree whose slots are sorted by score."""
+    return budget_lib.choose_budget(candidate.logscore[1:], verify_latency, t_draft, t_other)
+
+
+def build_tree(
+    proposal: Proposal,
+    root_token: Int[Array, ""],
+    spec: SpecConfig,
+    *,
+    verify_latency: Float[Array, "N"] | None = None,
+    t_draft: Float[Array, ""] | float = 0.0,
+    t_other: Float[Array, ""] | float = 0.0,
+) -> tuple[tree_lib.Tree, Int[Array, ""]]:
+    """The round's tree and its node count (for traces).
+
+    Args:
+      proposal: the drafter's output (a tree or per-depth log-marginals).
+      root_token: the last committed token (tree slot 0).
+      spec: the run's configuration (policy, budget, depth, top_k).
+      verify_latency: ``[budget + 1]`` predicted seconds to verify root + n nodes; required by
+        the ``"auto"`` policy.
+      t_draft, t_other: per-round seconds outside verification, for ``"auto"``.
+    """
+    if spec.policy == "drafter" or proposal.marginals is None:
+        if proposal.tree is None:
+            raise ValueError("the drafter proposed neither a tree nor marginals")
+        tree = fit(proposal.tree, spec)
+        return tree, jnp.sum(tree.valid[1:]).astype(jnp.int32)
+    marginals = proposal.marginals[: spec.depth]
+    if marginals.shape[0] < spec.depth:
+        raise ValueError(f"drafter gives {marginals.shape[0]} depths, the engine asks for "
+                         f"depth {spec.depth}")
+    if spec.policy == "best_first":
+        tree = scoring.best_first(marginals, root_token, budget=spec.budget, top_k=spec.top_k)
+        return tree, jnp.sum(tree.valid[1:]).astype(jnp.int32)
+    if spec.policy == "auto":
+        if verify_latency is None:
+            raise ValueError("policy 'auto' needs the verify latency curve (a calibration)")
+        full = scoring.best_first(marginals, root_token, budget=spec.budget, top_k=spec.top_k)
+        n = controller_budget(full, verify_latency, jnp.float32(t_draft), jnp.float32(t_other))
+        keep = jnp.arange(spec.budget + 1) <= n
+        tree = tree_lib.from_parents(full.parents, tokens=full.tokens, valid=full.valid & keep,
+                                     logscore=full.logscore, max_depth=spec.depth)
+        return tree, n
+    raise ValueError(f"policy {spec.policy!r} needs a tree-proposing drafter")
