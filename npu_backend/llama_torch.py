@@ -13,6 +13,7 @@ float32, logits returned as float32. Attention goes through
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -47,18 +48,40 @@ def param_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+@dataclasses.dataclass(frozen=True)
+class _PerLayer:
+    """One weight of the prepared layout (a leaf per layer), stacked when converted."""
+
+    leaves: tuple
+
+    @property
+    def shape(self) -> tuple:
+        if any(leaf is None for leaf in self.leaves):
+            return ("missing in some layers",)
+        shapes = {tuple(leaf.shape) for leaf in self.leaves}
+        return (len(self.leaves), *shapes.pop()) if len(shapes) == 1 else ("ragged",)
+
+
 def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"layers/wq": leaf, ...}``; a tuple of per-layer dicts (the JAX model's prepared
+    layout) becomes one :class:`_PerLayer` per weight name."""
     flat = {}
     for name, value in params.items():
         if isinstance(value, Mapping):
             flat.update(_flatten(value, f"{prefix}{name}/"))
+        elif isinstance(value, (list, tuple)):
+            keys = sorted(set().union(*(layer.keys() for layer in value)))
+            for key in keys:
+                flat[f"{prefix}{name}/{key}"] = _PerLayer(tuple(layer.get(key) for layer in value))
         else:
             flat[f"{prefix}{name}"] = value
     return flat
 
 
 def _as_tensor(value: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """numpy / JAX / torch leaf -> tensor on ``device`` in ``dtype``."""
+    """numpy / JAX / torch leaf (or a :class:`_PerLayer`) -> tensor on ``device`` in ``dtype``."""
+    if isinstance(value, _PerLayer):
+        return torch.stack([_as_tensor(leaf, device, dtype) for leaf in value.leaves])
     if isinstance(value, torch.Tensor):
         tensor = value.detach()
     elif isinstance(value, np.ndarray):
@@ -73,11 +96,16 @@ def convert_params(params: Mapping[str, Any], config: LlamaConfig, *,
                    dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Check the pytree against :func:`param_shapes` and convert every leaf to torch.
 
+    Accepts the loaders' stacked layout and the JAX model's prepared layout (a tuple of
+    per-layer dicts, re-stacked here; its ``lm_head`` is used even for tied embeddings).
+
     Raises:
         ValueError: naming missing, unexpected or mis-shaped parameters.
     """
     flat = _flatten(params)
     expected = param_shapes(config)
+    if config.tie_embeddings and "lm_head" in flat:
+        expected["lm_head"] = (config.hidden_size, config.vocab_size)
     missing = sorted(set(expected) - set(flat))
     unexpected = sorted(set(flat) - set(expected))
     if missing or unexpected:
@@ -88,7 +116,7 @@ def convert_params(params: Mapping[str, Any], config: LlamaConfig, *,
     if wrong:
         raise ValueError(f"parameter shapes {wrong} differ from the config's "
                          f"{ {name: expected[name] for name in wrong} }")
-    device = torch.device(device)
+    device = torch_device(device)
     return {name: _as_tensor(value, device, dtype) for name, value in flat.items()}
 
 

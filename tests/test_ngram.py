@@ -16,12 +16,13 @@ SENTINEL = 999
 KEY = jax.random.key(0)
 
 
-def context(tokens, num_tokens, capacity=None):
+def context(tokens, num_tokens, capacity=None, start=0):
     tokens = list(tokens) + [SENTINEL] * ((capacity or len(tokens)) - len(tokens))
     return DraftContext(tokens=jnp.asarray(tokens, jnp.int32),
                         num_tokens=jnp.asarray(num_tokens, jnp.int32),
                         features=jnp.zeros((1, 1, 4), jnp.float32),
-                        num_features=jnp.asarray(0, jnp.int32))
+                        num_features=jnp.asarray(0, jnp.int32),
+                        start=jnp.asarray(start, jnp.int32))
 
 
 def node_paths(tree):
@@ -102,6 +103,22 @@ def test_never_reads_uncommitted_entries():
     assert node_paths(tree) == {1: [3], 2: [3, 4], 3: [3, 4, 1], 4: [3, 4, 1, 2]}
 
 
+def test_start_hides_earlier_tokens():
+    # a b c d x b c e y b c with start = 1: the occurrence ending at 2 is still visible
+    # ("b c" starts at 1), with start = 2 only its "c" is, and with start = 3 it is gone.
+    buf = [10, 2, 3, 4, 11, 2, 3, 5, 12, 2, 3]
+    drafter = NGramDrafter(depth=3, budget=6)
+    paths = lambda start: sorted(map(tuple, node_paths(
+        drafter.propose(None, None, context(buf, 11, start=start), KEY).tree).values()))
+    both = [(4,), (4, 11), (4, 11, 2), (5,), (5, 12), (5, 12, 2)]
+    assert paths(1) == both
+    _, _, match_len = find_candidates(jnp.asarray(buf), 11, 2, min_ngram=1, max_ngram=3,
+                                      num_matches=2, depth=3)
+    np.testing.assert_array_equal(match_len, [2, 1])
+    assert paths(3) == [(5,), (5, 12), (5, 12, 2)]
+    assert paths(7) == []
+
+
 def test_repeated_token_run():
     # 5 5 5 5: suffix matches at every earlier position; continuations end at the root.
     tree = NGramDrafter(depth=4, budget=8).tree(jnp.asarray([5, 5, 5, 5, 0, 0]), 4)
@@ -136,17 +153,17 @@ def test_state_is_passed_through():
 CAPACITY = 24
 PROP = NGramDrafter(max_ngram=3, min_ngram=1, depth=5, num_matches=6, budget=12)
 _propose = jax.jit(lambda ctx: PROP.propose(None, None, ctx, KEY).tree)
-_candidates = jax.jit(lambda tok, n: find_candidates(
-    tok, n, min_ngram=PROP.min_ngram, max_ngram=PROP.max_ngram,
+_candidates = jax.jit(lambda tok, n, start: find_candidates(
+    tok, n, start, min_ngram=PROP.min_ngram, max_ngram=PROP.max_ngram,
     num_matches=PROP.num_matches, depth=PROP.depth))
 
 
-def naive_candidates(buf, n_tok, drafter):
+def naive_candidates(buf, n_tok, drafter, start=0):
     """Plain-Python reference: (match_len, end) best first, with their continuations."""
     found = []
-    for j in range(n_tok - 1):
+    for j in range(start, n_tok - 1):
         n = 0
-        while (n < drafter.max_ngram and j - n >= 0
+        while (n < drafter.max_ngram and j - n >= start
                and buf[j - n] == buf[n_tok - 1 - n]):
             n += 1
         if n >= drafter.min_ngram:
@@ -156,43 +173,44 @@ def naive_candidates(buf, n_tok, drafter):
             for n, j in found[:drafter.num_matches]]
 
 
-def occurs_after_suffix(path, buf, n_tok, drafter):
-    """True if ``path`` follows an earlier occurrence of the committed suffix."""
+def occurs_after_suffix(path, buf, n_tok, drafter, start):
+    """True if ``path`` follows an earlier visible occurrence of the committed suffix."""
     for j in range(n_tok - 1):
         if j + len(path) > n_tok - 1 or buf[j + 1:j + 1 + len(path)] != path:
             continue
         n = drafter.min_ngram
-        if j - n + 1 >= 0 and buf[j - n + 1:j + 1] == buf[n_tok - n:n_tok]:
+        if j - n + 1 >= start and buf[j - n + 1:j + 1] == buf[n_tok - n:n_tok]:
             return True
     return False
 
 
 buffers = st.tuples(st.lists(st.integers(0, 3), min_size=CAPACITY, max_size=CAPACITY),
-                    st.integers(0, CAPACITY))
+                    st.integers(0, CAPACITY),
+                    st.sampled_from([0, 0, 0, 3, 10]))
 
 
 @given(buffers)
 def test_property_tree_valid_and_paths_come_from_the_buffer(case):
-    buf, n_tok = case
-    tree = _propose(context(buf, n_tok))
+    buf, n_tok, start = case
+    tree = _propose(context(buf, n_tok, start=start))
     assert bool(T.is_valid(tree))
     committed = buf[:n_tok]
     for path in node_paths(tree).values():
-        assert occurs_after_suffix(path, committed, n_tok, PROP), (path, committed)
+        assert occurs_after_suffix(path, committed, n_tok, PROP, start), (path, committed)
     # Logscores never rise along a path (a child's paths are a subset of its parent's).
     valid = np.asarray(tree.valid)
     score, parent_score = np.asarray(tree.logscore), np.asarray(tree.logscore)[tree.parents]
     assert np.all(score[valid] <= parent_score[valid] + 1e-6)
     # Something matched <=> the tree is non-empty (budget >= 1).
-    expected = naive_candidates(committed, n_tok, PROP)
+    expected = naive_candidates(committed, n_tok, PROP, start)
     assert bool(np.any(valid[1:])) == bool(expected)
 
 
 @given(buffers)
 def test_property_candidates_equal_naive_search(case):
-    buf, n_tok = case
-    paths, path_len, match_len = _candidates(jnp.asarray(buf, jnp.int32), n_tok)
-    expected = naive_candidates(buf[:n_tok], n_tok, PROP)
+    buf, n_tok, start = case
+    paths, path_len, match_len = _candidates(jnp.asarray(buf, jnp.int32), n_tok, start)
+    expected = naive_candidates(buf[:n_tok], n_tok, PROP, start)
     got = [(int(m), [int(t) for t in p[:k]])
            for m, p, k in zip(match_len, np.asarray(paths), path_len) if int(k) > 0]
     assert got == expected
@@ -212,13 +230,14 @@ def test_jit_vmap_and_no_recompile():
     batch = DraftContext(tokens=jnp.asarray(bufs, jnp.int32),
                          num_tokens=jnp.asarray(lens, jnp.int32),
                          features=jnp.zeros((4, 1, 1, 4), jnp.float32),
-                         num_features=jnp.zeros((4,), jnp.int32))
+                         num_features=jnp.zeros((4,), jnp.int32),
+                         start=jnp.asarray([0, 0, 4, 2], jnp.int32))
     batched = jax.jit(jax.vmap(propose))(batch)
     for b in range(4):
-        single = jitted(context(bufs[b], lens[b]))
+        single = jitted(context(bufs[b], lens[b], start=int(batch.start[b])))
         for got, want in zip(jax.tree_util.tree_leaves(single),
                              jax.tree_util.tree_leaves(batched)):
             np.testing.assert_array_equal(got, want[b])
-    # One trace for the vmapped function, one for the single one: new num_tokens values and
-    # new tokens reuse the compiled function.
+    # One trace for the vmapped function, one for the single one: new num_tokens, start and
+    # token values reuse the compiled function.
     assert len(traces) == 2

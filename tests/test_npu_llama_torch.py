@@ -168,14 +168,29 @@ def test_parameter_table_is_checked(tiny):
     config, params = tiny
     with pytest.raises(ValueError, match=r"missing \['final_norm'\]"):
         convert_params({k: v for k, v in params.items() if k != "final_norm"}, config)
-    with pytest.raises(ValueError, match=r"unexpected \['lm_head'\]"):
-        convert_params({**params, "lm_head": params["embed"].T}, config)
+    with pytest.raises(ValueError, match=r"unexpected \['final_norm/x'\]"):
+        convert_params({**params, "final_norm": {"x": params["final_norm"]}}, config)
     wrong = {**params, "layers": {**params["layers"], "wq": params["layers"]["wk"]}}
     with pytest.raises(ValueError, match="layers/wq"):
         convert_params(wrong, config)
     numpy_params = jax.tree_util.tree_map(np.asarray, params)
     converted = convert_params(numpy_params, config, dtype=torch.bfloat16)
     assert converted["layers/wq"].dtype == torch.bfloat16
+
+
+def test_prepared_layout_gives_the_same_logits(tiny):
+    config, params = tiny
+    prepared = llama.prepare_params(params)
+    mask = _tensor(jax_mask.causal_mask(3, 0, 8))
+    stacked = TorchLlama(config, params, attention_impl="eager")
+    per_layer = TorchLlama(config, prepared, attention_impl="eager")
+    assert per_layer.params.keys() == stacked.params.keys() | {"lm_head"}
+    expected, _ = stacked.forward([5, 6, 7], range(3), stacked.new_cache(8), mask)
+    logits, _ = per_layer.forward([5, 6, 7], range(3), per_layer.new_cache(8), mask)
+    torch.testing.assert_close(logits, expected, **TOL)
+    broken = {**prepared, "layers": prepared["layers"][:2]}
+    with pytest.raises(ValueError, match="layers/wq"):
+        convert_params(broken, config)
 
 
 def _filled_cache(slots=10, length=2):

@@ -113,45 +113,36 @@ def skeleton():
     return T.from_parents(PARENTS, valid=VALID, max_depth=2)
 
 
-def top_tokens(q, k):
-    return jnp.argsort(-q, stable=True)[:k].astype(jnp.int32)
+HOW = {"topk": 0, "wor": 1, "iid": 2}  # a traced code, so tree kinds share one compilation
 
 
-def draw_tokens(key, q, k, without_replacement):
-    if without_replacement:  # Gumbel-top-k: k draws without replacement, in draw order
-        gumbel = jax.random.gumbel(key, q.shape, jnp.float32)
-        return jnp.argsort(-(jnp.log(q) + gumbel))[:k].astype(jnp.int32)
-    return jax.random.categorical(key, jnp.log(q), shape=(k,)).astype(jnp.int32)
+def children_tokens(key, q, k, how, duplicate=False):
+    """``k`` child tokens for draft row ``q``: top-k (optionally with a duplicate sibling),
+    drawn without replacement (Gumbel-top-k, in draw order), or drawn i.i.d."""
+    top = jnp.argsort(-q, stable=True)[:k].astype(jnp.int32)
+    if duplicate:
+        top = top.at[1].set(top[0])  # duplicate siblings: the second can never be accepted
+    gumbel = jax.random.gumbel(key, q.shape, jnp.float32)
+    without = jnp.argsort(-(jnp.log(q) + gumbel))[:k].astype(jnp.int32)
+    iid = jax.random.categorical(key, jnp.log(q), shape=(k,)).astype(jnp.int32)
+    return jnp.stack([top, without, iid])[how]
 
 
 def build_tree(root_token, key, how):
-    """Fill the skeleton's tokens from the draft; returns (tree, draft rows per slot).
-
-    ``how``: "topk" (deterministic children, with a duplicate sibling under slot 1), or
-    "wor" / "iid" (children drawn from the draft without / with replacement).
-    """
+    """Fill the skeleton's tokens from the draft; returns (tree, draft rows per slot)."""
     keys = jax.random.split(key, 4)
     tokens = jnp.zeros((PARENTS.shape[0],), jnp.int32).at[0].set(root_token)
-    if how == "topk":
-        kids = top_tokens(DRAFT[root_token], 3)
-    else:
-        kids = draw_tokens(keys[0], DRAFT[root_token], 3, how == "wor")
+    kids = children_tokens(keys[0], DRAFT[root_token], 3, how)
     tokens = tokens.at[jnp.asarray(CHILD_SLOTS)].set(kids)
     for i, (slot, grand) in enumerate(zip(CHILD_SLOTS, GRANDCHILD_SLOTS)):
-        q = DRAFT[tokens[slot]]
-        if how == "topk":
-            g = top_tokens(q, 2)
-            if i == 0:
-                g = g.at[1].set(g[0])  # duplicate siblings: the second can never be accepted
-        else:
-            g = draw_tokens(keys[i + 1], q, 2, how == "wor")
+        g = children_tokens(keys[i + 1], DRAFT[tokens[slot]], 2, how, duplicate=i == 0)
         tokens = tokens.at[jnp.asarray(grand)].set(g)
     tree = dataclasses.replace(skeleton(), tokens=tokens)
     return tree, DRAFT[tokens]
 
 
-@functools.partial(jax.jit, static_argnames=("how", "verify_with_q", "without_replacement"))
-def one_round(root_tokens, keys, temperature, top_p, *, how, verify_with_q,
+@functools.partial(jax.jit, static_argnames=("verify_with_q", "without_replacement"))
+def one_round(root_tokens, keys, how, temperature, top_p, *, verify_with_q,
               without_replacement):
     """One verification round per (root token, key), vmapped; returns the Acceptance."""
 
@@ -169,8 +160,8 @@ def one_round(root_tokens, keys, temperature, top_p, *, how, verify_with_q,
 def simulate(seed, temperature, top_p, how, verify_with_q, without_replacement=True):
     """First two emitted tokens per sample: from round 1, or round 1's bonus + round 2."""
     keys = jax.random.split(jax.random.key(seed), (2, SAMPLES))
-    kwargs = dict(temperature=jnp.float32(temperature), top_p=jnp.float32(top_p), how=how,
-                  verify_with_q=verify_with_q, without_replacement=without_replacement)
+    kwargs = dict(how=jnp.int32(HOW[how]), temperature=jnp.float32(temperature),
+                  top_p=jnp.float32(top_p), verify_with_q=verify_with_q, without_replacement=without_replacement)
     roots = jnp.full((SAMPLES,), ROOT_TOKEN, jnp.int32)
     first = one_round(roots, keys[0], **kwargs)
     second = one_round(first.tokens[:, 0], keys[1], **kwargs)  # same shapes: no recompile

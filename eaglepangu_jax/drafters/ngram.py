@@ -25,25 +25,30 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, ArrayLike
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.engine.drafter import DraftContext, Proposal
 
 
 def match_lengths(
-    tokens: Int[ArrayLike, "C"], num_tokens: Int[ArrayLike, ""], max_ngram: int
+    tokens: Int[ArrayLike, "C"],
+    num_tokens: Int[ArrayLike, ""],
+    max_ngram: int,
+    start: Int[ArrayLike, ""] = 0,
 ) -> Int[Array, "C"]:
     """Length of the committed suffix that also ends at each earlier position.
 
     ``out[j]`` is the largest ``n <= max_ngram`` with
-    ``tokens[j - n + 1 : j + 1] == tokens[L - n : L]`` (``L = num_tokens``), for the earlier
-    end positions ``0 <= j <= L - 2``; 0 elsewhere, so uncommitted entries never match.
+    ``tokens[j - n + 1 : j + 1] == tokens[L - n : L]`` (``L = num_tokens``) and
+    ``j - n + 1 >= start``, for the earlier end positions ``j <= L - 2``; 0 elsewhere, so
+    uncommitted and hidden entries never match.
 
     Args:
-      tokens: ``[C]`` token buffer; only the first ``num_tokens`` entries are read.
+      tokens: ``[C]`` token buffer; only entries ``start .. num_tokens - 1`` are read.
       num_tokens: committed entries (the last one is the root); clipped to ``[0, C]``.
       max_ngram: longest suffix compared (static).
+      start: first visible entry (see :class:`DraftContext`); earlier ones are ignored.
 
     Returns:
       ``[C]`` int32 match lengths in ``[0, max_ngram]``.
@@ -52,6 +57,7 @@ def match_lengths(
     c = tokens.shape[0]
     last = jnp.clip(jnp.asarray(num_tokens, jnp.int32), 0, c) - 1  # the root; -1 if empty
     index = jnp.arange(c, dtype=jnp.int32)
+    first = jnp.clip(jnp.asarray(start, jnp.int32), 0, c)
     # A run of agreements grows one token further back per step: run_k[j] says the k + 1
     # tokens ending at j equal the k + 1 tokens ending at the root. j <= last - 1 also keeps
     # the suffix index last - k >= 1 wherever the run is alive, so no read wraps.
@@ -60,7 +66,7 @@ def match_lengths(
     for k in range(min(max_ngram, c)):
         suffix_token = tokens[jnp.clip(last - k, 0, c - 1)]
         shifted = jnp.concatenate([jnp.zeros((k,), jnp.int32), tokens[: c - k]])  # tokens[j-k]
-        run = run & (index >= k) & (shifted == suffix_token)
+        run = run & (index >= first + k) & (shifted == suffix_token)
         length = length + run.astype(jnp.int32)
     return length
 
@@ -68,6 +74,7 @@ def match_lengths(
 def find_candidates(
     tokens: Int[ArrayLike, "C"],
     num_tokens: Int[ArrayLike, ""],
+    start: Int[ArrayLike, ""] = 0,
     *,
     min_ngram: int,
     max_ngram: int,
@@ -76,7 +83,8 @@ def find_candidates(
 ) -> tuple[Int[Array, "M D"], Int[Array, "M"], Int[Array, "M"]]:
     """The ``M`` best earlier occurrences of the suffix and the committed tokens after each.
 
-    Occurrences are ranked by match length (longest first), then by recency (latest first).
+    Occurrences lie in the visible committed window ``[start, num_tokens - 2]`` and are ranked
+    by match length (longest first), then by recency (latest first).
     A continuation stops at ``depth`` tokens or at the root, whichever comes first: it only
     ever holds committed tokens.
 
@@ -89,7 +97,7 @@ def find_candidates(
     if (max_ngram + 1) * c >= 2**31:
         raise ValueError(f"buffer of {c} tokens too large for an int32 ranking key")
     last = jnp.clip(jnp.asarray(num_tokens, jnp.int32), 0, c) - 1
-    length = match_lengths(tokens, num_tokens, max_ngram)
+    length = match_lengths(tokens, num_tokens, max_ngram, start)
     index = jnp.arange(c, dtype=jnp.int32)
     # One int32 key orders (length, position) lexicographically; -1 marks "no match".
     key = jnp.where(length >= min_ngram, length * c + index, -1)
@@ -159,14 +167,14 @@ class NGramDrafter:
 
     def propose(self, params: Any, state: Any, context: DraftContext, key: Array) -> Proposal:
         """A tree of up to ``num_matches`` continuations (root only when nothing matches)."""
-        return Proposal(tree=self.tree(context.tokens, context.num_tokens))
+        return Proposal(tree=self.tree(context.tokens, context.num_tokens, context.start))
 
-    def tree(self, tokens: Int[ArrayLike, "C"], num_tokens: Int[ArrayLike, ""]
-             ) -> tree_lib.Tree:
+    def tree(self, tokens: Int[ArrayLike, "C"], num_tokens: Int[ArrayLike, ""],
+             start: Int[ArrayLike, ""] = 0) -> tree_lib.Tree:
         """The proposed tree for a raw buffer (``budget + 1`` slots, depth ``depth``)."""
         tokens = jnp.asarray(tokens, jnp.int32)
         paths, path_len, match_len = find_candidates(
-            tokens, num_tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram,
+            tokens, num_tokens, start, min_ngram=self.min_ngram, max_ngram=self.max_ngram,
             num_matches=self.num_matches, depth=self.depth)
         weight = self._weights(match_len)
         last = jnp.clip(jnp.asarray(num_tokens, jnp.int32) - 1, 0, tokens.shape[0] - 1)

@@ -212,7 +212,8 @@ def _stats(new: list[int], state_tokens_rounds, accepted, nodes, seconds, prefil
 
 
 def generate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: SpecConfig, *,
-             draft_params: Any = None, verify_latency: Any = None) -> GenerationResult:
+             draft_params: Any = None, verify_latency: Any = None,
+             stream: int = 0) -> GenerationResult:
     """Generate a continuation of ``prompt_ids`` (a list of token ids).
 
     Args:
@@ -223,6 +224,8 @@ def generate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: Sp
       spec: the run's settings.
       draft_params: the drafter's weights (``None`` for training-free drafters).
       verify_latency: ``[budget + 1]`` predicted verify seconds for the ``"auto"`` policy.
+      stream: random stream index: the PRNG key is ``fold_in(key(spec.seed), stream)``;
+        sequence ``i`` of :func:`generate_batch` uses stream ``i``.
 
     Returns:
       The new tokens (cut after eos and at ``max_new_tokens``) and statistics. The
@@ -233,7 +236,7 @@ def generate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: Sp
     capacity = cache_slots(len(prompt_ids), spec)
     t0 = time.perf_counter()
     state = init_state(teacher, drafter, draft_params, prompt_ids, spec, capacity=capacity,
-                       key=jax.random.key(spec.seed))
+                       key=jax.random.fold_in(jax.random.key(spec.seed), stream))
     jax.block_until_ready(state)
     t1 = time.perf_counter()
     state = _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id,

@@ -154,7 +154,7 @@ def rms_norm(x: Float[Array, "T H"], weight: Float[Array, "H"], eps: float) -> F
     """RMSNorm computed in float32, scaled by ``weight`` after casting back."""
     xf = x.astype(jnp.float32)
     normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + jnp.float32(eps))
-    return weight * normed.astype(x.dtype)
+    return weight[None, :] * normed.astype(x.dtype)
 
 
 def _decoder_layer(x, layer, i, k_all, v_all, start, cos, sin, mask, config):
@@ -196,6 +196,7 @@ def _masked_softmax(
     """Softmax over allowed slots; a row with no allowed slot gets all-zero weights."""
     # A finite fill (not -inf) keeps the max-subtraction finite on a fully masked row; the
     # multiply by the mask then zeroes that row instead of spreading uniform weight on it.
+    mask = mask[None, None]
     filled = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     filled = filled - jnp.max(filled, axis=-1, keepdims=True)
     weights = jnp.exp(filled) * mask.astype(jnp.float32)

@@ -1,0 +1,198 @@
+"""The speculative engine on a tiny random teacher: losslessness, batching, compile counts,
+bad input, hostile drafters."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eaglepangu_jax import tree as tree_lib
+from eaglepangu_jax.cache import KVCache
+from eaglepangu_jax.engine import generate as gen
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.drafter import Proposal
+from eaglepangu_jax.models import llama
+from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.init import random_params
+
+CFG = LlamaConfig.tiny(vocab_size=61, max_position=512)
+NO_EOS = -7  # an id the vocabulary never produces, so runs last max_new_tokens
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    # Larger-than-default weights so the random teacher's greedy output is not a constant.
+    params = random_params(CFG, jax.random.key(3))
+    params = jax.tree_util.tree_map(lambda x: x * 3.0 if x.ndim >= 2 else x, params)
+    return gen.Teacher(CFG, params)
+
+
+def naive_greedy(teacher, prompt, n):
+    """Oracle: full uncached forward over the whole sequence for every new token."""
+    seq = list(prompt)
+    for _ in range(n):
+        t = len(seq)
+        kv = KVCache(k=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
+                     v=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
+                     length=jnp.int32(0))
+        logits, _, _ = llama.forward(teacher.params, jnp.asarray(seq, jnp.int32),
+                                     jnp.arange(t, dtype=jnp.int32), kv,
+                                     mask_lib.causal_mask(t, 0, t), config=CFG)
+        seq.append(int(jnp.argmax(logits[-1])))
+    return seq[len(prompt):]
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleTreeDrafter:
+    """Knows the true greedy continuation; hides it on a random branch among decoys and
+    corrupts it at a random depth, so commits must reorder slots and acceptance varies."""
+
+    oracle: tuple[int, ...]
+    prompt_len: int
+    budget: int
+    depth: int
+    name: str = "oracle"
+    feature_layers: tuple[int, ...] = ()
+
+    @property
+    def max_depth(self):
+        return self.depth
+
+    def init_state(self, params, context):
+        return None
+
+    def update(self, params, state, context):
+        return state
+
+    def propose(self, params, state, context, key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        oracle = jnp.asarray(self.oracle + (0,) * (self.depth + 1), jnp.int32)
+        done = context.num_tokens - self.prompt_len
+        truth = jax.lax.dynamic_slice(oracle, (done,), (self.depth,))
+        cut = jax.random.randint(k1, (), 0, self.depth + 1)
+        wrong = jax.random.randint(k2, (self.depth,), 0, CFG.vocab_size)
+        truth = jnp.where(jnp.arange(self.depth) < cut, truth, (truth + 1) % CFG.vocab_size)
+        decoys = jax.random.randint(k3, (3, self.depth), 0, CFG.vocab_size)
+        paths = jnp.concatenate([decoys[:1], truth[None], decoys[1:], wrong[None]], axis=0)
+        lens = jnp.full((paths.shape[0],), self.depth, jnp.int32)
+        tree = tree_lib.from_paths(context.tokens[context.num_tokens - 1], paths, lens,
+                                   budget=self.budget)
+        return Proposal(tree=tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class GarbageDrafter:
+    """Hostile drafter: NaN scores, out-of-range parents and tokens."""
+
+    budget: int
+    depth: int
+    name: str = "garbage"
+    feature_layers: tuple[int, ...] = ()
+
+    @property
+    def max_depth(self):
+        return self.depth
+
+    def init_state(self, params, context):
+        return None
+
+    def update(self, params, state, context):
+        return state
+
+    def propose(self, params, state, context, key):
+        n = self.budget + 1
+        parents = jax.random.randint(key, (n,), -(2**31), 2**31 - 1)
+        tokens = jax.random.randint(key, (n,), 0, CFG.vocab_size)
+        tree = tree_lib.from_parents(parents, tokens=tokens, max_depth=self.depth,
+                                     logscore=jnp.full((n,), jnp.nan, jnp.float32))
+        return Proposal(tree=tree)
+
+
+PROMPT = [5, 9, 14, 3, 22, 7]
+
+
+def test_plain_decoding_equals_uncached_greedy(teacher):
+    spec = SpecConfig(budget=4, depth=3, max_new_tokens=12, eos_id=NO_EOS)
+    result = gen.generate(teacher, None, PROMPT, spec)
+    expected = naive_greedy(teacher, PROMPT, 12)
+    assert len(set(expected)) > 2, "the test teacher should not be degenerate"
+    assert result.tokens == expected
+    assert result.stats.rounds == 12 and result.stats.accepted_length == 1.0
+
+
+@pytest.mark.parametrize("budget,depth", [(6, 3), (12, 4)])
+def test_tree_speculation_is_lossless_and_accepts(teacher, budget, depth):
+    expected = naive_greedy(teacher, PROMPT, 24)
+    drafter = OracleTreeDrafter(tuple(expected), len(PROMPT), budget, depth)
+    spec = SpecConfig(budget=budget, depth=depth, max_new_tokens=24, eos_id=NO_EOS)
+    result = gen.generate(teacher, drafter, PROMPT, spec)
+    assert result.tokens == expected
+    assert result.stats.accepted_length > 1.3
+    assert sum(a + 1 for a in result.stats.accepted_per_round) >= 24
+    assert max(result.stats.accepted_per_round) <= depth
+
+
+def test_hostile_drafter_never_corrupts(teacher):
+    spec = SpecConfig(budget=5, depth=3, max_new_tokens=10, eos_id=NO_EOS)
+    result = gen.generate(teacher, GarbageDrafter(5, 3), PROMPT, spec)
+    assert result.tokens == naive_greedy(teacher, PROMPT, 10)
+
+
+def test_eos_stops_and_is_kept(teacher):
+    expected = naive_greedy(teacher, PROMPT, 10)
+    eos = expected[4]
+    spec = SpecConfig(budget=4, depth=3, max_new_tokens=10, eos_id=eos)
+    result = gen.generate(teacher, None, PROMPT, spec)
+    assert result.tokens == expected[: expected.index(eos) + 1]
+
+
+def test_batched_equals_per_sequence(teacher):
+    prompts = [PROMPT, [1, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
+    spec = SpecConfig(budget=6, depth=3, max_new_tokens=9, eos_id=NO_EOS)
+    oracle = naive_greedy(teacher, prompts[0], 9)
+    drafter = OracleTreeDrafter(tuple(oracle), len(PROMPT), 6, 3)
+    batch = gen.generate_batch(teacher, drafter, prompts, spec)
+    for i, (p, r) in enumerate(zip(prompts, batch)):
+        single = gen.generate(teacher, drafter, p, spec, stream=i)
+        assert r.tokens == single.tokens
+        assert r.stats.accepted_per_round == single.stats.accepted_per_round
+    assert batch[0].tokens == oracle
+
+
+def test_step_compiles_once_per_configuration(teacher):
+    spec = SpecConfig(budget=3, depth=2, max_new_tokens=5, eos_id=NO_EOS)
+    gen.generate(teacher, None, [1, 2, 3], spec)
+    before = gen._run._cache_size()
+    gen.generate(teacher, None, [4, 5, 6], spec)
+    gen.generate(teacher, None, [7, 8, 9, 10], spec)
+    assert gen._run._cache_size() == before
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(policy="nope"), "unknown tree policy"),
+    (dict(budget=0), "budget must be >= 1"),
+    (dict(temperature=-1.0), "temperature must be >= 0"),
+    (dict(acceptance="maybe"), "unknown acceptance"),
+    (dict(top_p=0.0), "top_p"),
+])
+def test_bad_spec(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SpecConfig(**kwargs)
+
+
+def test_bad_input_before_work(teacher):
+    spec = SpecConfig(budget=4, depth=3, max_new_tokens=8)
+    with pytest.raises(ValueError, match="empty"):
+        gen.generate(teacher, None, [], spec)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        gen.generate(teacher, None, [1, CFG.vocab_size], spec)
+    with pytest.raises(ValueError, match=r"prompt \(500\) \+ max_new_tokens \(8\)"):
+        gen.generate(teacher, None, [1] * 500, spec)
+    with pytest.raises(ValueError, match="longer than the teacher's context of 512"):
+        gen.generate(teacher, None, [1] * 600, spec)
+    deep = OracleTreeDrafter((1,), 1, 4, 3)
+    with pytest.raises(ValueError, match="above the drafter's maximum"):
+        gen.generate(teacher, deep, [1, 2], SpecConfig(budget=4, depth=5))

@@ -1,0 +1,263 @@
+"""The teacher forward on a tiny random model: against an independent numpy transcription of
+the architecture, and the equivalences decoding relies on (cached == uncached, a tree
+verified at once == its paths decoded one by one, jit == eager, no recompilation)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eaglepangu_jax import cache as kv_cache
+from eaglepangu_jax.models import llama
+from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.init import random_params
+from eaglepangu_jax.models.rope import apply_rope, rope_angles
+
+CONFIG = LlamaConfig.tiny()
+SLOTS = 32
+
+
+@pytest.fixture(scope="module")
+def stacked():
+    return random_params(CONFIG, jax.random.PRNGKey(0))
+
+
+@pytest.fixture(scope="module", params=["stacked", "prepared"])
+def params(request, stacked):
+    return stacked if request.param == "stacked" else llama.prepare_params(stacked)
+
+
+def _forward(params, tokens, positions, cache, mask, feature_layers=()):
+    return llama.forward(params, jnp.asarray(tokens, jnp.int32),
+                         jnp.asarray(positions, jnp.int32), cache, jnp.asarray(mask),
+                         config=CONFIG, feature_layers=feature_layers)
+
+
+def _causal(t, start=0, width=SLOTS):
+    return np.arange(width)[None, :] <= (start + np.arange(t))[:, None]
+
+
+def _empty_cache(slots=SLOTS, dtype=jnp.float32):
+    return kv_cache.init(CONFIG.num_layers, slots, CONFIG.num_kv_heads, CONFIG.head_dim, dtype)
+
+
+def _with_length(cache, length):
+    return kv_cache.KVCache(k=cache.k, v=cache.v, length=jnp.int32(length))
+
+
+def _numpy_forward(params, tokens):
+    """Causal forward written from the architecture's definition, in float64, no cache."""
+    c = CONFIG
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    t, dh, g = len(tokens), c.head_dim, c.num_heads // c.num_kv_heads
+
+    def norm(x, w):
+        return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + c.rms_norm_eps)
+
+    inv = 1.0 / c.rope_theta ** (np.arange(0, dh, 2) / dh)
+    ang = np.arange(t)[:, None, None] * inv[None, None, :]
+
+    def rope(x):
+        a, b = x[..., : dh // 2], x[..., dh // 2:]
+        return np.concatenate([a * np.cos(ang) - b * np.sin(ang),
+                               b * np.cos(ang) + a * np.sin(ang)], axis=-1)
+
+    x = p["embed"][np.asarray(tokens)]
+    for i in range(c.num_layers):
+        w = {k: v[i] for k, v in p["layers"].items()}
+        h = norm(x, w["attn_norm"])
+        q = rope((h @ w["wq"]).reshape(t, c.num_heads, dh))
+        k = np.repeat(rope((h @ w["wk"]).reshape(t, c.num_kv_heads, dh)), g, axis=1)
+        v = np.repeat((h @ w["wv"]).reshape(t, c.num_kv_heads, dh), g, axis=1)
+        s = np.einsum("tnd,snd->nts", q, k) / np.sqrt(dh)
+        s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        x = x + np.einsum("nts,snd->tnd", a, v).reshape(t, -1) @ w["wo"]
+        h = norm(x, w["mlp_norm"])
+        gate = h @ w["w_gate"]
+        x = x + (gate / (1 + np.exp(-gate)) * (h @ w["w_up"])) @ w["w_down"]
+    return norm(x, p["final_norm"]) @ p["embed"].T
+
+
+def test_matches_numpy_transcription(stacked, params):
+    tokens = [1, 5, 17, 33, 2, 96, 40, 8, 8]
+    logits, _, _ = _forward(params, tokens, range(9), _empty_cache(), _causal(9))
+    np.testing.assert_allclose(logits, _numpy_forward(stacked, tokens), atol=2e-4, rtol=1e-4)
+
+
+def test_cached_incremental_equals_uncached(params):
+    tokens = np.array([3, 14, 15, 92, 65, 35, 89, 79, 32, 38])
+    full, full_feats, _ = _forward(params, tokens, range(10), _empty_cache(), _causal(10),
+                                   feature_layers=(0, 2))
+    cache = _empty_cache()
+    # Prefix of 4 in one forward, then single tokens, committing each time.
+    steps = [(0, 4)] + [(i, i + 1) for i in range(4, 10)]
+    for lo, hi in steps:
+        logits, feats, cache = _forward(params, tokens[lo:hi], range(lo, hi), cache,
+                                        _causal(hi - lo, lo), feature_layers=(0, 2))
+        np.testing.assert_allclose(logits, full[lo:hi], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(feats, full_feats[lo:hi], atol=1e-5, rtol=1e-5)
+        assert int(cache.length) == lo  # forward writes, never commits
+        cache = _with_length(cache, hi)
+
+
+def test_tree_verified_at_once_equals_paths_decoded(params):
+    # Committed prefix of 3, then a tree (node: parent) 0:-, 1:0, 2:0, 3:1, 4:3, 5:2.
+    prefix = [7, 8, 9]
+    parents = [-1, 0, 0, 1, 3, 2]
+    nodes = [11, 12, 13, 14, 15, 16]
+    depth = [0, 1, 1, 2, 3, 2]
+    cache = _empty_cache()
+    _, _, cache = _forward(params, prefix, range(3), cache, _causal(3))
+    cache = _with_length(cache, 3)
+    mask = np.zeros((6, SLOTS), bool)
+    mask[:, :3] = True
+    for j in range(6):
+        a = j
+        while a >= 0:
+            mask[j, 3 + a] = True
+            a = parents[a]
+    logits, _, _ = _forward(params, nodes, [3 + d for d in depth], cache, mask)
+    for j in range(6):
+        path, a = [], j
+        while a >= 0:
+            path.insert(0, nodes[a])
+            a = parents[a]
+        seq = prefix + path
+        ref, _, _ = _forward(params, seq, range(len(seq)), _empty_cache(), _causal(len(seq)))
+        np.testing.assert_allclose(logits[j], ref[-1], atol=1e-5, rtol=1e-5)
+
+
+def test_narrow_window_equals_full_cache(params):
+    tokens = [5, 6, 7, 8, 9]
+    cache = _empty_cache()
+    full, _, full_cache = _forward(params, tokens, range(5), cache, _causal(5))
+    narrow, _, narrow_cache = _forward(params, tokens, range(5), _empty_cache(),
+                                       _causal(5, width=8))
+    np.testing.assert_allclose(narrow, full, atol=1e-6)
+    np.testing.assert_array_equal(narrow_cache.k, full_cache.k)
+
+
+def test_fully_masked_row_is_finite(params):
+    mask = _causal(3)
+    mask[1] = False
+    logits, _, _ = _forward(params, [4, 5, 6], range(3), _empty_cache(), mask)
+    assert np.isfinite(np.asarray(logits)).all()
+    # Rows before the empty one do not see it.
+    ref, _, _ = _forward(params, [4, 5, 6], range(3), _empty_cache(), _causal(3))
+    np.testing.assert_allclose(logits[0], ref[0], atol=1e-6)
+
+
+def test_features_follow_the_documented_convention(params, stacked):
+    tokens = [1, 2, 3, 4]
+    logits, feats, _ = _forward(params, tokens, range(4), _empty_cache(), _causal(4),
+                                feature_layers=(2, 0, 2))
+    assert feats.shape == (4, 3, CONFIG.hidden_size)
+    np.testing.assert_array_equal(feats[:, 0], feats[:, 2])
+    # The last layer's output, final-normed and projected, gives the logits.
+    h = llama.rms_norm(feats[:, 0], stacked["final_norm"], CONFIG.rms_norm_eps)
+    np.testing.assert_allclose(h @ stacked["embed"].T, logits, atol=1e-5, rtol=1e-5)
+    # A one-layer model's output equals the first tap of the full model.
+    one = LlamaConfig.tiny(num_layers=1)
+    first = dict(stacked, layers=jax.tree.map(lambda a: a[:1], stacked["layers"]))
+    cache1 = kv_cache.init(1, SLOTS, one.num_kv_heads, one.head_dim)
+    _, feats1, _ = llama.forward(first, jnp.asarray(tokens), jnp.arange(4), cache1,
+                                 jnp.asarray(_causal(4)), config=one, feature_layers=(0,))
+    np.testing.assert_allclose(feats1[:, 0], feats[:, 1], atol=1e-6)
+
+
+def test_jit_equals_eager_and_does_not_recompile(params):
+    calls = []
+
+    def traced(params, tokens, positions, cache, mask):
+        calls.append(1)
+        return llama.forward(params, tokens, positions, cache, mask, config=CONFIG,
+                             feature_layers=(1,))
+
+    jitted = jax.jit(traced)
+    args = (jnp.asarray([3, 4, 5]), jnp.arange(3), _empty_cache(), jnp.asarray(_causal(3)))
+    eager = llama.forward(params, *args, config=CONFIG, feature_layers=(1,))
+    compiled = jitted(params, *args)
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(compiled)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    other = (jnp.asarray([9, 1, 2]), jnp.arange(3) + 4, _with_length(_empty_cache(), 4),
+             jnp.asarray(_causal(3, 4)))
+    jitted(jax.tree.map(lambda a: a * 0.5, params), *other)
+    assert len(calls) == 1
+    assert jitted._cache_size() == 1
+
+
+def test_bfloat16_params_close_to_float32(stacked):
+    tokens = [1, 5, 9, 13]
+    ref, _, _ = _forward(stacked, tokens, range(4), _empty_cache(), _causal(4))
+    half = jax.tree.map(lambda a: a.astype(jnp.bfloat16), llama.prepare_params(stacked))
+    logits, feats, cache = _forward(half, tokens, range(4), _empty_cache(dtype=jnp.bfloat16),
+                                    _causal(4), feature_layers=(1,))
+    assert logits.dtype == jnp.float32 and feats.dtype == jnp.bfloat16
+    assert cache.k.dtype == jnp.bfloat16
+    assert np.abs(np.asarray(logits) - np.asarray(ref)).max() < 0.1 * np.abs(ref).max()
+
+
+def test_prepare_params_is_idempotent_and_unties_the_head(stacked):
+    prepared = llama.prepare_params(stacked)
+    assert llama.prepare_params(prepared) is prepared
+    assert len(prepared["layers"]) == CONFIG.num_layers
+    np.testing.assert_array_equal(prepared["lm_head"], stacked["embed"].T)
+    np.testing.assert_array_equal(prepared["layers"][1]["wq"], stacked["layers"]["wq"][1])
+
+
+def test_untied_lm_head_is_used():
+    config = LlamaConfig.tiny(tie_embeddings=False)
+    p = random_params(config, jax.random.PRNGKey(3))
+    assert "lm_head" in p
+    cache = kv_cache.init(config.num_layers, 8, config.num_kv_heads, config.head_dim)
+    a, _, _ = llama.forward(p, jnp.asarray([1]), jnp.asarray([0]), cache,
+                            jnp.ones((1, 8), bool), config=config)
+    b, _, _ = llama.forward(dict(p, lm_head=p["lm_head"] * 2), jnp.asarray([1]),
+                            jnp.asarray([0]), cache, jnp.ones((1, 8), bool), config=config)
+    np.testing.assert_allclose(b, 2 * a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(mask=np.ones((3, SLOTS + 1), bool)), "mask must be"),
+    (dict(mask=np.ones((2, SLOTS), bool)), "mask must be"),
+    (dict(mask=np.ones((3, SLOTS), np.int32)), "boolean"),
+    (dict(positions=np.arange(2)), "positions"),
+    (dict(feature_layers=(CONFIG.num_layers,)), "feature_layers"),
+])
+def test_bad_inputs_raise(stacked, bad, match):
+    args = dict(tokens=np.array([1, 2, 3]), positions=np.arange(3), cache=_empty_cache(),
+                mask=_causal(3), feature_layers=())
+    args.update(bad)
+    with pytest.raises(ValueError, match=match):
+        _forward(stacked, **args)
+
+
+def test_window_bucket():
+    assert llama.window_bucket(1, 1024) == 64
+    assert llama.window_bucket(65, 1024) == 128
+    assert llama.window_bucket(128, 1024) == 128
+    assert llama.window_bucket(600, 1000) == 1000
+    with pytest.raises(ValueError, match="1001"):
+        llama.window_bucket(1001, 1000)
+
+
+@given(st.integers(0, 500), st.integers(0, 500), st.integers(0, 2**31 - 1))
+def test_rope_scores_depend_on_relative_position(m, n, seed):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.normal(size=(1, 1, 8)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(1, 1, 8)), jnp.float32)
+
+    def score(pq, pk):
+        cq, sq = rope_angles(jnp.asarray([pq]), 8, 10000.0)
+        ck, sk = rope_angles(jnp.asarray([pk]), 8, 10000.0)
+        return float(jnp.sum(apply_rope(q, cq, sq) * apply_rope(k, ck, sk)))
+
+    shift = 7
+    assert score(m, n) == pytest.approx(score(m + shift, n + shift), abs=1e-3)
+    np.testing.assert_allclose(
+        jnp.linalg.norm(apply_rope(q, *rope_angles(jnp.asarray([m]), 8, 10000.0))),
+        jnp.linalg.norm(q), rtol=1e-5)
