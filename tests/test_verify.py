@@ -1,6 +1,7 @@
 """Greedy acceptance: literal cases, a naive-walk oracle, plain decoding, jit/vmap, hostile input."""
 
 import dataclasses
+import functools
 import os
 from unittest import mock
 
@@ -16,6 +17,7 @@ from eaglepangu_jax import tree as T
 from eaglepangu_jax import verify as V
 
 PERFORMANCE = {"EAGLEPANGU_MODE": "performance"}
+greedy_jit = jax.jit(V.greedy)  # literal cases share a few shapes: compile once per shape
 
 
 def row(vocab, **peaks):
@@ -26,6 +28,7 @@ def row(vocab, **peaks):
     return out
 
 
+@functools.cache
 def five_slot_tree():
     """root -> 1 (tok 1) -> 3 (tok 3), 1 -> 4 (tok 3, duplicate), root -> 2 (tok 2), padding 5."""
     return T.from_parents([0, 0, 0, 1, 1, 0], tokens=[5, 1, 2, 3, 3, 0],
@@ -35,7 +38,7 @@ def five_slot_tree():
 def test_literal_acceptance():
     t = five_slot_tree()
     logits = np.stack([row(6, t1=3.0), row(6, t3=2.0), row(6), row(6, t4=5.0), row(6), row(6)])
-    acc = V.greedy(t, logits)
+    acc = greedy_jit(t, logits)
     assert int(acc.length) == 2
     np.testing.assert_array_equal(acc.path, [0, 1, 3, 3])  # slot 3, not its duplicate 4
     assert int(acc.next_token) == 4 and int(acc.stop) == 3
@@ -49,7 +52,7 @@ def test_literal_acceptance():
 def test_nothing_accepted_emits_the_root_argmax():
     t = five_slot_tree()
     logits = np.stack([row(6, t4=1.0)] + [row(6)] * 5)
-    acc = V.greedy(t, logits)
+    acc = greedy_jit(t, logits)
     assert int(acc.length) == 0 and int(acc.next_token) == 4
     np.testing.assert_array_equal(acc.path, [0, 0, 0, 0])
     np.testing.assert_array_equal(acc.tokens, [4, 4, 4, 4])
@@ -59,11 +62,11 @@ def test_padding_token_zero_is_never_matched():
     # The root's argmax is token 0 and padding slot 5 carries token 0: no match.
     t = five_slot_tree()
     logits = np.stack([row(6, t0=4.0)] + [row(6)] * 5)
-    acc = V.greedy(t, logits)
+    acc = greedy_jit(t, logits)
     assert int(acc.length) == 0 and int(acc.next_token) == 0
     # A *valid* node carrying token 0 is matched.
     t0 = T.from_parents([0, 0], tokens=[9, 0], max_depth=1)
-    acc = V.greedy(t0, np.stack([row(6, t0=4.0), row(6, t2=1.0)]))
+    acc = greedy_jit(t0, np.stack([row(6, t0=4.0), row(6, t2=1.0)]))
     assert int(acc.length) == 1 and V.emitted_tokens(acc).tolist() == [0, 2]
 
 
@@ -71,7 +74,7 @@ def test_duplicate_siblings_take_the_lowest_slot():
     # Slots 1 and 2 both carry token 2; only slot 2 has a child that would match further.
     t = T.from_parents([0, 0, 0, 2], tokens=[7, 2, 2, 4], max_depth=2)
     logits = np.stack([row(6, t2=1.0), row(6, t5=1.0), row(6, t4=1.0), row(6)])
-    acc = V.greedy(t, logits)
+    acc = greedy_jit(t, logits)
     np.testing.assert_array_equal(acc.path, [0, 1, 1])
     assert V.emitted_tokens(acc).tolist() == [2, 5]
 
@@ -179,6 +182,10 @@ def test_chain_equals_plain_argmax_decoding():
 # ------------------------------------------------------------------------------------------
 
 
+build_tree = jax.jit(lambda p, tok, val, max_depth: T.from_parents(
+    p, tokens=tok, valid=val, max_depth=max_depth), static_argnames="max_depth")
+
+
 def random_batch(seed, batch=6, n=9, vocab=4, max_depth=4):
     """Random trees of fixed shape whose logits often agree with the drafted tokens."""
     rng = np.random.default_rng(seed)
@@ -190,8 +197,8 @@ def random_batch(seed, batch=6, n=9, vocab=4, max_depth=4):
             valid.append(valid[parents[i]] and rng.random() < 0.85)
         tokens = rng.integers(0, vocab, size=n)
         with mock.patch.dict(os.environ, PERFORMANCE):
-            trees.append(T.from_parents(np.asarray(parents), tokens=tokens,
-                                        valid=np.asarray(valid), max_depth=max_depth))
+            trees.append(build_tree(np.asarray(parents, np.int32), tokens.astype(np.int32),
+                                    np.asarray(valid), max_depth=max_depth))
         logits.append(rng.normal(size=(n, vocab)).astype(np.float32))
     return trees, np.stack(logits)
 
@@ -236,23 +243,23 @@ def test_nan_rows_stop_acceptance_in_performance_mode(performance_mode):
     # NaN at the root: nothing accepted, a safe bonus, ok False.
     bad = good.copy()
     bad[0, 2] = np.nan
-    acc = V.greedy(t, bad)
+    acc = greedy_jit(t, bad)
     assert int(acc.length) == 0 and not bool(acc.ok)
     assert 0 <= int(acc.next_token) < 6
     # NaN at the stop node: the path is kept, the round is flagged.
     bad = good.copy()
     bad[3] = np.nan
-    acc = V.greedy(t, bad)
+    acc = greedy_jit(t, bad)
     assert int(acc.length) == 2 and not bool(acc.ok) and int(acc.next_token) == 0
     # NaN at a row the walk never reads changes nothing.
     bad = good.copy()
     bad[2] = np.nan
-    acc = V.greedy(t, bad)
+    acc = greedy_jit(t, bad)
     assert int(acc.length) == 2 and bool(acc.ok) and int(acc.next_token) == 4
     # All -inf is degenerate too.
     bad = good.copy()
     bad[1] = -np.inf
-    acc = V.greedy(t, bad)
+    acc = greedy_jit(t, bad)
     assert int(acc.length) == 1 and not bool(acc.ok)
 
 

@@ -40,26 +40,26 @@ def np_adjusted(logits, temperature, top_p):
     return kept / kept.sum()
 
 
+adjusted_jit = jax.jit(V.adjusted_probs)
+
+
 def test_adjusted_probs_literal():
     logits = np.log(np.asarray([0.5, 0.3, 0.15, 0.05], np.float32))
-    np.testing.assert_allclose(V.adjusted_probs(logits), [0.5, 0.3, 0.15, 0.05], rtol=1e-6)
-    np.testing.assert_allclose(V.adjusted_probs(logits, 1.0, 0.7), [0.625, 0.375, 0, 0],
+    np.testing.assert_allclose(adjusted_jit(logits), [0.5, 0.3, 0.15, 0.05], rtol=1e-6)
+    np.testing.assert_allclose(adjusted_jit(logits, 1.0, 0.7), [0.625, 0.375, 0, 0],
                                rtol=1e-6)
-    np.testing.assert_allclose(V.adjusted_probs(logits, 1.0, 0.85),
+    np.testing.assert_allclose(adjusted_jit(logits, 1.0, 0.85),
                                np.asarray([0.5, 0.3, 0.15, 0]) / 0.95, rtol=1e-6)
-    np.testing.assert_allclose(V.adjusted_probs(logits, 1.0, 1e-9), [1, 0, 0, 0])
+    np.testing.assert_allclose(adjusted_jit(logits, 1.0, 1e-9), [1, 0, 0, 0])
     # Temperature 0 is the argmax, first index on ties.
-    np.testing.assert_array_equal(V.adjusted_probs(np.asarray([1.0, 3.0, 3.0], np.float32), 0.0),
+    np.testing.assert_array_equal(adjusted_jit(np.asarray([1.0, 3.0, 3.0], np.float32), 0.0),
                                   [0, 1, 0])
     # Ties at the top-p cutoff are all kept.
     tied = np.log(np.asarray([0.4, 0.3, 0.3], np.float32))
-    np.testing.assert_allclose(V.adjusted_probs(tied, 1.0, 0.5), [0.4, 0.3, 0.3], rtol=1e-6)
+    np.testing.assert_allclose(adjusted_jit(tied, 1.0, 0.5), [0.4, 0.3, 0.3], rtol=1e-6)
     # Degenerate rows become a safe one-hot.
     broken = np.asarray([[0.0, np.nan, 1.0], [-np.inf] * 3, [0.0, np.inf, 1.0]], np.float32)
-    np.testing.assert_array_equal(V.adjusted_probs(broken), [[0, 0, 1], [1, 0, 0], [0, 1, 0]])
-
-
-adjusted_jit = jax.jit(V.adjusted_probs)
+    np.testing.assert_array_equal(adjusted_jit(broken), [[0, 0, 1], [1, 0, 0], [0, 1, 0]])
 
 
 @given(st.lists(st.floats(-4, 4, width=32), min_size=1, max_size=8),

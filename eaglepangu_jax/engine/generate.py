@@ -177,7 +177,7 @@ _run_batched = jax.jit(run_rounds_batched, static_argnums=(0,), donate_argnums=(
 def _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id, batched,
                  verify_latency=None):
     """Drive the device loop through growing attention windows until every sequence stops."""
-    need = spec.budget + 1
+    need = 1 if drafter is None else spec.budget + 1
     while True:
         length = int(np.max(np.asarray(state.cache.length)))
         done = np.asarray(state.done)

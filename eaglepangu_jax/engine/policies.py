@@ -16,14 +16,16 @@ from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal
 
 
-def root_only(root_token: Int[Array, ""], spec: SpecConfig) -> tree_lib.Tree:
-    """A tree of padding under the root: one plain decoding step (no drafter, or no match)."""
-    n = spec.budget + 1
+def root_only(root_token: Int[Array, ""], num_slots: int, max_depth: int) -> tree_lib.Tree:
+    """The root and ``num_slots - 1`` padding slots: one plain decoding step.
+
+    Plain decoding uses ``num_slots = 1`` (a one-token forward, the cheapest step).
+    """
     return tree_lib.from_parents(
-        jnp.zeros((n,), jnp.int32),
-        tokens=jnp.zeros((n,), jnp.int32).at[0].set(root_token),
-        valid=jnp.zeros((n,), bool).at[0].set(True),
-        max_depth=spec.depth,
+        jnp.zeros((num_slots,), jnp.int32),
+        tokens=jnp.zeros((num_slots,), jnp.int32).at[0].set(root_token),
+        valid=jnp.zeros((num_slots,), bool).at[0].set(True),
+        max_depth=max_depth,
     )
 
 

@@ -40,6 +40,11 @@ class StepStatic:
     eos_id: int
 
     @property
+    def tree_slots(self) -> int:
+        """Slots per verify forward: the root alone for plain decoding, else budget + 1."""
+        return 1 if self.drafter is None else self.spec.budget + 1
+
+    @property
     def feature_layers(self) -> tuple[int, ...]:
         return tuple(self.drafter.feature_layers) if self.drafter is not None else ()
 
@@ -61,7 +66,8 @@ def propose_tree(static: StepStatic, draft_params: Any, state: DecodeState, key:
     spec = static.spec
     root = state.tokens[jnp.clip(state.num_tokens - 1, 0, state.tokens.shape[0] - 1)]
     if static.drafter is None:
-        return policies.root_only(root, spec), jnp.zeros((), jnp.int32), Proposal()
+        tree = policies.root_only(root, static.tree_slots, 1)
+        return tree, jnp.zeros((), jnp.int32), Proposal()
     proposal = static.drafter.propose(draft_params, state.drafter_state,
                                       state.context(spec.draft_window), key)
     tree, n = policies.build_tree(proposal, root, spec, verify_latency=verify_latency)
@@ -114,7 +120,8 @@ def speculative_step(
         tokens=tokens,
         num_tokens=state.num_tokens + emitted,
         cache=cache,
-        features=features[acc.path],
+        # Plain decoding has no drafter to feed (and a 1-deep path of another shape).
+        features=features[acc.path] if static.drafter is not None else state.features,
         num_features=emitted,
         key=key,
         rounds=state.rounds + 1,
@@ -142,7 +149,7 @@ def run_rounds(
     ``cache.length + budget + 1`` slots, so the loop stops early enough for the host to move
     to a wider window.
     """
-    need = static.spec.budget + 1
+    need = static.tree_slots
 
     def running(s: DecodeState):
         return ~s.done & (s.cache.length + need <= limit)
@@ -155,7 +162,7 @@ def run_rounds(
 
 def run_rounds_batched(static, params, draft_params, state, limit, verify_latency=None):
     """:func:`run_rounds` over a batch of states (leading axis ``B``), until all stop."""
-    need = static.spec.budget + 1
+    need = static.tree_slots
 
     def running(s: DecodeState):
         return jnp.any(~s.done & (s.cache.length + need <= limit))

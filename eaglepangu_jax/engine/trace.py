@@ -1,0 +1,367 @@
+"""Per-round traces: a host-driven, phase-by-phase copy of the speculative loop, and its log.
+
+The on-device loop (:func:`~eaglepangu_jax.engine.generate.generate`) runs whole segments of
+rounds inside one ``lax.while_loop``, so nothing inside a round can be timed. For debugging and
+ablations :func:`generate_traced` runs the same round from the host, one jitted function per
+phase, each blocked with ``block_until_ready`` so its wall time is its own::
+
+    draft -> tree -> mask -> verify -> accept -> commit
+
+and writes one JSON object per round to a JSON Lines file (the schema is in
+``docs/TRACE_SCHEMA.md``; :data:`TRACE_FIELDS` and :data:`PHASES` are its field and phase
+names). It emits exactly the tokens ``generate`` emits: the same prefill, the same keys, the
+same tree, acceptance and commit. Host round trips make it slower than ``generate``: use it to
+see *where* a round's time goes, and ``generate`` to measure throughput. The first round at a
+new attention window includes compilation (the phases are jitted per window).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eaglepangu_jax import budget as budget_lib
+from eaglepangu_jax import cache as cache_lib
+from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax import tree as tree_lib
+from eaglepangu_jax.engine import generate as gen
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.drafter import Proposal
+from eaglepangu_jax.engine.state import DecodeState
+from eaglepangu_jax.engine.step import StepStatic, accept, propose_tree
+from eaglepangu_jax.models import llama
+
+PHASES = ("draft", "tree", "mask", "verify", "accept", "commit")
+TRACE_FIELDS = ("round", "committed_len", "tree_nodes", "tree_depth", "budget", "accepted",
+                "emitted", "seconds", "predicted_verify_s")
+
+
+# ------------------------------------------------------------------------------ the phases
+
+
+@dataclasses.dataclass(frozen=True)
+class _Replay:
+    """A drafter that hands back the proposal it is given as its parameters.
+
+    It lets the tree phase run :func:`~eaglepangu_jax.engine.step.propose_tree` unchanged
+    (policy, root override, reference-mode checks) on a proposal the draft phase already made.
+    """
+
+    inner: Any  # the real drafter: its static properties are the replay's
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def max_depth(self) -> int:
+        return self.inner.max_depth
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return tuple(self.inner.feature_layers)
+
+    def propose(self, params: Proposal, state: Any, context: Any, key: jax.Array) -> Proposal:
+        return params
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _draft(static: StepStatic, draft_params: Any, state: DecodeState):
+    # The same three-way split as the fused step, so sampling sees the same keys.
+    key, draft_key, accept_key = jax.random.split(state.key, 3)
+    if static.drafter is None:
+        return Proposal(), key, draft_key, accept_key
+    proposal = static.drafter.propose(draft_params, state.drafter_state,
+                                      state.context(static.spec.draft_window), draft_key)
+    return proposal, key, draft_key, accept_key
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _tree(static: StepStatic, proposal: Proposal, state: DecodeState, draft_key: jax.Array,
+          verify_latency: Any):
+    replay = dataclasses.replace(
+        static, drafter=_Replay(static.drafter) if static.drafter is not None else None)
+    tree, n_nodes, _ = propose_tree(replay, proposal, state, draft_key, verify_latency)
+    return tree, n_nodes
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _mask(tree: tree_lib.Tree, committed: jax.Array, window: int):
+    return tree_lib.positions(tree, committed), mask_lib.verify_mask(tree, committed, window)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=4)
+def _verify(static: StepStatic, params: dict, tokens, positions, cache, attend):
+    return llama.forward(params, tokens, positions, cache, attend, config=static.teacher,
+                         feature_layers=static.feature_layers)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _accept(static: StepStatic, tree: tree_lib.Tree, logits, accept_key, proposal: Proposal):
+    return accept(static, tree, logits, accept_key, proposal)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _commit(static: StepStatic, draft_params: Any, state: DecodeState, features, acc,
+            n_nodes, key):
+    # Mirrors the tail of ``step.speculative_step`` (which has no separate commit function);
+    # the equality test against ``generate`` keeps the two in step.
+    spec = static.spec
+    cache = cache_lib.commit(state.cache, acc.path, acc.length)
+    emitted = acc.length + 1
+    tokens = jax.lax.dynamic_update_slice(state.tokens, acc.tokens, (state.num_tokens,))
+    index = jnp.arange(acc.tokens.shape[0], dtype=jnp.int32)
+    budget_left = spec.max_new_tokens - state.new_tokens
+    hit_eos = jnp.any((acc.tokens == static.eos_id) & (index < emitted))
+    new_state = dataclasses.replace(
+        state,
+        tokens=tokens,
+        num_tokens=state.num_tokens + emitted,
+        cache=cache,
+        features=features[acc.path] if static.drafter is not None else state.features,
+        num_features=emitted,
+        key=key,
+        rounds=state.rounds + 1,
+        done=hit_eos | (emitted >= budget_left),
+        accepted_log=state.accepted_log.at[state.rounds].set(acc.length, mode="drop"),
+        nodes_log=state.nodes_log.at[state.rounds].set(n_nodes, mode="drop"),
+    )
+    if static.drafter is not None:
+        new_state = dataclasses.replace(new_state, drafter_state=static.drafter.update(
+            draft_params, state.drafter_state, new_state.context(spec.draft_window)))
+    return new_state
+
+
+class _Clock:
+    """Wall time per phase of one round; every phase's outputs are blocked on."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def run(self, phase: str, fn, *args):
+        start = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        self.seconds[phase] = time.perf_counter() - start
+        return out
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+def generate_traced(teacher: gen.Teacher, drafter: Any, prompt_ids: Sequence[int],
+                    spec: SpecConfig, *, draft_params: Any = None,
+                    trace_path: str | os.PathLike,
+                    verify_latency: Any = None,
+                    roofline: budget_lib.Roofline | None = None,
+                    calibration: budget_lib.Calibration | None = None,
+                    stream: int = 0) -> gen.GenerationResult:
+    """:func:`~eaglepangu_jax.engine.generate.generate`, phase by phase, with a trace.
+
+    Args:
+      teacher, drafter, prompt_ids, spec, draft_params, verify_latency, stream: as for
+        ``generate`` (same tokens, same statistics; ``seconds`` includes the host round trips).
+      trace_path: the JSON Lines file written (atomically, when generation ends or fails).
+      roofline, calibration: give both to record each round's ``predicted_verify_s``, the
+        calibrated roofline time of a forward over the tokens actually fed (the tree's
+        slots) with ``committed_len`` cached; otherwise it is ``null``.
+
+    Returns:
+      The :class:`~eaglepangu_jax.engine.generate.GenerationResult`.
+    """
+    if (roofline is None) != (calibration is None):
+        raise ValueError("give both roofline and calibration to predict verify times, or "
+                         "neither")
+    gen.validate(teacher, drafter, prompt_ids, spec)
+    if not Path(trace_path).parent.is_dir():
+        raise ValueError(f"cannot write the trace {trace_path}: its folder does not exist")
+    eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
+    capacity = gen.cache_slots(len(prompt_ids), spec)
+    records: list[dict[str, Any]] = []
+    kept = math.inf  # output length, known once generation ends
+    try:
+        t0 = time.perf_counter()
+        state = gen.init_state(teacher, drafter, draft_params, prompt_ids, spec,
+                               capacity=capacity,
+                               key=jax.random.fold_in(jax.random.key(spec.seed), stream))
+        jax.block_until_ready(state)
+        t1 = time.perf_counter()
+        while not bool(state.done):
+            static = _static(teacher, drafter, spec, state, capacity, eos_id)
+            if static is None:
+                break
+            state, record = _traced_round(static, teacher.params, draft_params, state,
+                                          verify_latency, roofline, calibration)
+            record["round"] = len(records)
+            records.append(record)
+        t2 = time.perf_counter()
+        new = gen._finish(np.asarray(state.tokens), len(prompt_ids), int(state.num_tokens),
+                          spec, eos_id)
+        kept = len(new)
+        return gen.GenerationResult(tokens=new, stats=gen._stats(
+            new, state.rounds, np.asarray(state.accepted_log), np.asarray(state.nodes_log),
+            t2 - t1, t1 - t0))
+    finally:
+        # Written on failure too (every round so far, uncut): that is when a trace helps most.
+        _keep_emitted(records, kept)
+        write_jsonl_atomic(trace_path, [{k: r[k] for k in TRACE_FIELDS} for r in records])
+
+
+def _static(teacher, drafter, spec, state, capacity, eos_id) -> StepStatic | None:
+    """The step statics for the next round, or None when its tree no longer fits."""
+    probe = StepStatic(teacher=teacher.config, drafter=drafter, spec=spec, window=capacity,
+                       eos_id=eos_id)
+    need = probe.tree_slots
+    length = int(state.cache.length)
+    if length + need > capacity:
+        return None
+    return dataclasses.replace(probe, window=gen.window_for(length + need, capacity))
+
+
+def _traced_round(static, params, draft_params, state, verify_latency, roofline, calibration):
+    clock = _Clock()
+    committed = state.cache.length
+    committed_len = int(committed)
+    proposal, key, draft_key, accept_key = clock.run("draft", _draft, static, draft_params,
+                                                     state)
+    tree, n_nodes = clock.run("tree", _tree, static, proposal, state, draft_key,
+                              verify_latency)
+    positions, attend = clock.run("mask", _mask, tree, committed, static.window)
+    logits, features, cache = clock.run("verify", _verify, static, params, tree.tokens,
+                                        positions, state.cache, attend)
+    acc = clock.run("accept", _accept, static, tree, logits, accept_key, proposal)
+    # The old cache was donated to the verify forward: hand the commit the new one.
+    state = clock.run("commit", _commit, static, draft_params,
+                      dataclasses.replace(state, cache=cache), features, acc, n_nodes, key)
+    valid = np.asarray(tree.valid)
+    predicted = None
+    if roofline is not None:
+        predicted = float(budget_lib.latency(roofline, calibration, tree.num_slots,
+                                             committed_len))
+    record = {
+        "committed_len": committed_len,
+        "tree_nodes": int(n_nodes),
+        "tree_depth": int(np.max(np.where(valid, np.asarray(tree.depth), 0))),
+        "budget": static.spec.budget,
+        "accepted": int(acc.length),
+        "raw_emitted": int(acc.length) + 1,
+        "seconds": {phase: clock.seconds[phase] for phase in PHASES},
+        "predicted_verify_s": predicted,
+    }
+    return state, record
+
+
+def _keep_emitted(records: list[dict[str, Any]], kept: float) -> None:
+    """Per round, the tokens that made it into the output (cut at eos / max_new_tokens), so
+    that the ``emitted`` fields sum to the generated length."""
+    total = 0
+    for record in records:
+        before = min(total, kept)
+        total += record.pop("raw_emitted")
+        record["emitted"] = int(min(total, kept) - before)
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def write_jsonl_atomic(path: str | os.PathLike, records: Sequence[dict[str, Any]]) -> None:
+    """One JSON object per line, written to a temporary file and moved into place."""
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file beside it + ``os.replace``)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_trace(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a trace file, checked against the schema.
+
+    Raises:
+      ValueError: naming the file and line of the first record that is not a JSON object
+        with exactly :data:`TRACE_FIELDS` and per-phase ``seconds``.
+    """
+    records = []
+    text = Path(path).read_text(encoding="utf-8")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: invalid JSON ({err.msg})") from None
+        if not isinstance(record, dict) or set(record) != set(TRACE_FIELDS):
+            got = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise ValueError(f"{where}: expected the fields {list(TRACE_FIELDS)}, got {got}")
+        if not isinstance(record["seconds"], dict) or set(record["seconds"]) != set(PHASES):
+            raise ValueError(f"{where}: 'seconds' must hold the phases {list(PHASES)}")
+        records.append(record)
+    return records
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TraceSummary:
+    """Totals over a trace."""
+
+    rounds: int
+    new_tokens: int  # sum of ``emitted``
+    phase_seconds: dict[str, float]  # total per phase, in :data:`PHASES` order
+    accepted_histogram: dict[int, int]  # accepted draft nodes -> rounds, ascending
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.phase_seconds.values())
+
+    @property
+    def accepted_length(self) -> float:
+        """Emitted tokens per round, bonus included."""
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    def to_text(self) -> str:
+        """A human-readable report: phase totals and the acceptance histogram."""
+        total = self.total_seconds
+        lines = [f"{self.rounds} rounds, {self.new_tokens} tokens, accepted length "
+                 f"{self.accepted_length:.2f}, {total:.3f} s in phases", "",
+                 f"{'phase':<8} {'seconds':>9} {'share':>6} {'ms/round':>9}"]
+        for phase, seconds in self.phase_seconds.items():
+            share = seconds / total if total > 0 else 0.0
+            per_round = 1e3 * seconds / self.rounds if self.rounds else 0.0
+            lines.append(f"{phase:<8} {seconds:>9.3f} {share:>6.1%} {per_round:>9.2f}")
+        lines += ["", f"{'accepted':<8} {'rounds':>7}"]
+        widest = max(self.accepted_histogram.values(), default=0)
+        for accepted, count in self.accepted_histogram.items():
+            bar = "#" * max(1, math.ceil(30 * count / widest)) if widest else ""
+            lines.append(f"{accepted:<8} {count:>7}  {bar}")
+        return "\n".join(lines)
+
+
+def summarize(path: str | os.PathLike) -> TraceSummary:
+    """Per-phase time totals and the histogram of accepted lengths of a trace file."""
+    records = read_trace(path)
+    phase_seconds = {phase: float(sum(r["seconds"][phase] for r in records))
+                     for phase in PHASES}
+    histogram = collections.Counter(int(r["accepted"]) for r in records)
+    return TraceSummary(rounds=len(records),
+                        new_tokens=int(sum(r["emitted"] for r in records)),
+                        phase_seconds=phase_seconds,
+                        accepted_histogram=dict(sorted(histogram.items())))
