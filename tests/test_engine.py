@@ -196,3 +196,64 @@ def test_bad_input_before_work(teacher):
     deep = OracleTreeDrafter((1,), 1, 4, 3)
     with pytest.raises(ValueError, match="above the drafter's maximum"):
         gen.generate(teacher, deep, [1, 2], SpecConfig(budget=4, depth=5))
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleMarginalDrafter:
+    """A block-style drafter: per-depth log-marginals that favour the true continuation at
+    odd depths and a wrong token at even ones (so acceptance stops at varying depths)."""
+
+    oracle: tuple[int, ...]
+    prompt_len: int
+    depth: int
+    name: str = "oracle-marginals"
+    feature_layers: tuple[int, ...] = ()
+
+    @property
+    def max_depth(self):
+        return self.depth
+
+    def init_state(self, params, context):
+        return None
+
+    def update(self, params, state, context):
+        return state
+
+    def propose(self, params, state, context, key):
+        oracle = jnp.asarray(self.oracle + (0,) * (self.depth + 1), jnp.int32)
+        done = context.num_tokens - self.prompt_len
+        truth = jax.lax.dynamic_slice(oracle, (done,), (self.depth,))
+        noise = jax.random.normal(key, (self.depth, CFG.vocab_size))
+        boost = jnp.where(jax.random.bernoulli(key, 0.7, (self.depth,)), 4.0, 0.5)
+        logits = noise + boost[:, None] * jax.nn.one_hot(truth, CFG.vocab_size)
+        return Proposal(marginals=jax.nn.log_softmax(logits, axis=-1))
+
+
+@pytest.mark.parametrize("policy,extra", [
+    ("best_first", {}),
+    ("static", {"choices": ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))}),
+])
+def test_marginal_policies_are_lossless(teacher, policy, extra):
+    expected = naive_greedy(teacher, PROMPT, 16)
+    drafter = OracleMarginalDrafter(tuple(expected), len(PROMPT), 3)
+    spec = SpecConfig(policy=policy, budget=8, depth=3, max_new_tokens=16, eos_id=NO_EOS,
+                      **extra)
+    result = gen.generate(teacher, drafter, PROMPT, spec)
+    assert result.tokens == expected
+    assert result.stats.accepted_length > 1.2
+
+
+def test_auto_policy_uses_the_controller(teacher):
+    expected = naive_greedy(teacher, PROMPT, 12)
+    drafter = OracleMarginalDrafter(tuple(expected), len(PROMPT), 3)
+    spec = SpecConfig(policy="auto", budget=8, depth=3, max_new_tokens=12, eos_id=NO_EOS)
+    # Steeply rising verify cost: the controller must keep small trees.
+    steep = jnp.asarray([1.0 + 5.0 * n for n in range(9)], jnp.float32)
+    result = gen.generate(teacher, drafter, PROMPT, spec, verify_latency=steep)
+    assert result.tokens == expected
+    flat = jnp.ones((9,), jnp.float32)
+    wide = gen.generate(teacher, drafter, PROMPT, spec, verify_latency=flat)
+    assert wide.tokens == expected
+    assert max(result.stats.nodes_per_round) < max(wide.stats.nodes_per_round)
+    with pytest.raises(ValueError, match="needs the verify latency"):
+        gen.generate(teacher, drafter, PROMPT, spec)

@@ -414,3 +414,32 @@ def _safe_log_softmax(logits: Float[Array, "... Vd"]) -> Float[Array, "... Vd"]:
     """log-softmax with NaN mapped to ``-inf`` (a NaN never outranks a real candidate)."""
     out = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return jnp.where(jnp.isnan(out), -jnp.inf, out)
+
+
+SHIPPED_NAME = "eagle3_smollm2"
+
+
+def load_shipped_eagle3(teacher_params: dict | None = None, *, budget: int = 16, depth: int = 6,
+                        top_k: int = 4) -> tuple[Eagle3Drafter, dict]:
+    """The packaged head trained for SmolLM2-135M-Instruct: ``(drafter, params)``.
+
+    Args:
+      teacher_params: the teacher's parameters (for the frozen embedding); loaded when
+        ``None``. The teacher weight file must be the one the head was trained on.
+      budget, depth, top_k: tree shape of the returned drafter.
+
+    Raises:
+      ValueError: the installed teacher is not the one the head was trained for.
+    """
+    from importlib import resources
+
+    from eaglepangu_jax.models import smollm2
+    from eaglepangu_jax.training.train import load_checkpoint
+
+    path = resources.files("eaglepangu_jax") / "weights" / SHIPPED_NAME
+    config, head, d2t, _, _ = load_checkpoint(str(path),
+                                              fingerprint=smollm2.teacher_fingerprint())
+    if teacher_params is None:
+        _, teacher_params = smollm2.load_smollm2()
+    drafter = Eagle3Drafter(config=config, budget=budget, depth=depth, top_k=top_k)
+    return drafter, make_params(head, teacher_params["embed"], d2t)

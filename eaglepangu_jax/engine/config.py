@@ -30,6 +30,9 @@ class SpecConfig:
       draft_window: the drafter sees only the last ``draft_window`` tokens (``None``: all);
         the seed paper's truncation ablation.
       eos_id: stop token (``None``: the teacher's).
+      choices: the ``"static"`` policy's topology, EAGLE/Medusa-style rank paths (``[0]`` is
+        the top-1 child of the root, ``[0, 1]`` the second-ranked child of that, ...); at
+        most ``budget`` nodes, at most ``depth`` deep.
     """
 
     policy: str = "drafter"
@@ -43,6 +46,7 @@ class SpecConfig:
     max_new_tokens: int = 128
     draft_window: int | None = None
     eos_id: int | None = None
+    choices: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -62,6 +66,15 @@ class SpecConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.policy == "static":
+            if not self.choices:
+                raise ValueError("policy 'static' needs choices (rank paths)")
+            prefixes = {tuple(c[:k]) for c in self.choices for k in range(1, len(c) + 1)}
+            if len(prefixes) > self.budget:
+                raise ValueError(f"choices make {len(prefixes)} nodes, above budget "
+                                 f"{self.budget}")
+            if max(len(c) for c in self.choices) > self.depth:
+                raise ValueError(f"choices are deeper than depth {self.depth}")
         if self.draft_window is not None and self.draft_window < 1:
             raise ValueError(f"draft_window must be >= 1 or None, got {self.draft_window}")
 

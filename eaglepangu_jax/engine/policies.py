@@ -6,6 +6,7 @@ verify forward has one static shape per configuration (padding slots fill the re
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
@@ -91,4 +92,28 @@ def build_tree(
         tree = tree_lib.from_parents(full.parents, tokens=full.tokens, valid=full.valid & keep,
                                      logscore=full.logscore, max_depth=spec.depth)
         return tree, n
+    if spec.policy == "static":
+        tree = static_tree(marginals, root_token, spec)
+        return tree, jnp.sum(tree.valid[1:]).astype(jnp.int32)
     raise ValueError(f"policy {spec.policy!r} needs a tree-proposing drafter")
+
+
+def static_tree(marginals: Float[Array, "D V"], root_token: Int[Array, ""], spec: SpecConfig
+                ) -> tree_lib.Tree:
+    """The fixed ``spec.choices`` topology, each node taking the token of its rank at its
+    depth under the factorised marginals (topology is host-side and static)."""
+    topology, rank = tree_lib.from_choices(spec.choices, max_depth=spec.depth)
+    n = topology.num_slots
+    pad = spec.budget + 1 - n
+    depth = jnp.pad(topology.depth, (0, pad), constant_values=1)
+    rank = jnp.pad(rank, (0, pad))
+    parents = jnp.pad(topology.parents, (0, pad))
+    valid = jnp.pad(jnp.ones((n,), bool), (0, pad))
+    k = int(max(max(c) for c in spec.choices)) + 1
+    top_lp, top_tok = jax.lax.top_k(jnp.nan_to_num(marginals, nan=-jnp.inf), k)  # [D, k]
+    row = jnp.clip(depth - 1, 0, spec.depth - 1)
+    tokens = top_tok[row, rank].at[0].set(root_token)
+    token_lp = top_lp[row, rank].at[0].set(0.0)
+    return tree_lib.from_parents(parents, tokens=tokens, valid=valid,
+                                 logscore=scoring.path_logscores(parents, token_lp),
+                                 max_depth=spec.depth)

@@ -1,0 +1,127 @@
+"""Self-distillation data pipeline (content-addressed shards) and the EAGLE-3 training loop."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from eaglepangu_jax.drafters import eagle3
+from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
+from eaglepangu_jax.engine.generate import Teacher
+from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.init import random_params
+from eaglepangu_jax.training import data as data_lib
+from eaglepangu_jax.training import prompts as prompts_lib
+from eaglepangu_jax.training import train as train_lib
+
+FP = "f" * 64
+
+
+@pytest.fixture(scope="module")
+def tiny_teacher():
+    cfg = LlamaConfig.tiny()
+    return Teacher(cfg, random_params(cfg, jax.random.key(0)))
+
+
+def test_prompts_are_deterministic_and_mixed():
+    a, b = prompts_lib.training_prompts(30), prompts_lib.training_prompts(30)
+    assert a == b and len(set(a)) == 30
+    assert any(p.startswith("Write a Python function") for p in a)
+    assert prompts_lib.training_prompts(30, seed=1) != a
+
+
+def test_pipeline_skips_present_shards_and_regenerates_corrupt_ones(tiny_teacher, tmp_path,
+                                                                     monkeypatch):
+    calls = []
+    real = data_lib.generate_batch
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(data_lib, "generate_batch", counting)
+    prompts = [[1, 5, 6], [1, 7], [1, 9, 10, 11]]
+    settings = data_lib.DataSettings(feature_layers=(0, 2), max_new_tokens=3, shard_size=2)
+    keys = data_lib.build_dataset(tiny_teacher, prompts, settings, tmp_path, fingerprint=FP,
+                                  progress=False)
+    assert len(keys) == 2 and len(calls) == 2
+    shard = data_lib.load_dataset(tmp_path, keys)[0]
+    seqs = list(shard.sequences())
+    assert [int(t) for t in seqs[0][0][:3]] == [1, 5, 6] and seqs[0][2] == 3
+    assert seqs[0][1].shape == (len(seqs[0][0]), 2, tiny_teacher.config.hidden_size)
+
+    assert data_lib.build_dataset(tiny_teacher, prompts, settings, tmp_path, fingerprint=FP,
+                                  progress=False) == keys
+    assert len(calls) == 2  # everything cached
+
+    path = tmp_path / f"{keys[1]}.safetensors"
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    assert data_lib.load_shard(tmp_path, keys[1]) is None
+    data_lib.build_dataset(tiny_teacher, prompts, settings, tmp_path, fingerprint=FP,
+                           progress=False)
+    assert len(calls) == 3  # only the corrupt shard was redone
+    assert data_lib.load_shard(tmp_path, keys[1]) is not None
+    # Another teacher or other settings address other shards.
+    assert data_lib.shard_key("0" * 64, prompts[:2], settings) != keys[0]
+    other = dataclasses.replace(settings, max_new_tokens=4)
+    assert data_lib.shard_key(FP, prompts[:2], other) != keys[0]
+
+
+def _fake_setup(seed=0):
+    cfg = LlamaConfig.tiny()
+    rng = np.random.default_rng(seed)
+    f, h = 3, cfg.hidden_size
+    shards = []
+    for _ in range(2):
+        lens = [12, 9, 15]
+        toks = rng.integers(3, 20, size=sum(lens)).astype(np.int32)
+        shards.append(data_lib.Shard(
+            tokens=toks, offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+            prompt_lens=np.asarray([3, 2, 4], np.int32),
+            features=rng.normal(size=(sum(lens), f, h)).astype(np.float16)))
+    vocab = build_vocab(token_counts((s.tokens for s in shards), cfg.vocab_size), 16)
+    head_cfg = eagle3.Eagle3Config.for_teacher(cfg, 16)
+    batches = train_lib.make_batches(shards, vocab, 16)
+    embed = random_params(cfg, jax.random.key(1))["embed"]
+    return head_cfg, vocab, batches, embed
+
+
+def test_training_is_deterministic_and_resumes_to_the_same_curve(tmp_path):
+    head_cfg, vocab, batches, embed = _fake_setup()
+    tc = train_lib.TrainConfig(steps=4, batch_size=2, seq_len=16, ttt_steps=2,
+                               warmup_steps=1, learning_rate=1e-2, checkpoint_every=2)
+    _, a = train_lib.train(batches, head_cfg, vocab, embed, tc, fingerprint=FP, progress=False)
+    _, b = train_lib.train(batches, head_cfg, vocab, embed, tc, fingerprint=FP, progress=False)
+    assert a == b and all(np.isfinite(a)) and len(a) == 4
+    ckpt = tmp_path / "run"
+    half = dataclasses.replace(tc, steps=4, checkpoint_every=2)
+    # Stop after 2 steps by training a 4-step schedule with a checkpoint, then resume it.
+    train_lib.train(batches, head_cfg, vocab, embed, half, fingerprint=FP, checkpoint=ckpt,
+                    progress=False)
+    meta_steps = train_lib.load_checkpoint(ckpt, fingerprint=FP)[3]["step"]
+    assert meta_steps == 4
+    _, resumed = train_lib.train(batches, head_cfg, vocab, embed, half, fingerprint=FP,
+                                 checkpoint=ckpt, progress=False)
+    assert resumed == a  # nothing left to do: the stored curve is returned
+
+
+def test_checkpoint_round_trip_and_refusals(tmp_path):
+    head_cfg, vocab, _, _ = _fake_setup()
+    head = eagle3.init_head(head_cfg, jax.random.key(3))
+    path = tmp_path / "ck"
+    train_lib.save_checkpoint(path, head, head_cfg, vocab.d2t, fingerprint=FP,
+                              extra={"step": 0, "losses": []})
+    cfg2, head2, d2t, meta, _ = train_lib.load_checkpoint(path, fingerprint=FP)
+    assert cfg2 == head_cfg and np.array_equal(d2t, vocab.d2t)
+    for k in head:
+        np.testing.assert_array_equal(np.asarray(head[k]), np.asarray(head2[k]))
+    with pytest.raises(ValueError, match="teacher"):
+        train_lib.load_checkpoint(path, fingerprint="0" * 64)
+    wrong = dataclasses.replace(head_cfg, intermediate_size=head_cfg.intermediate_size + 1)
+    with pytest.raises(ValueError, match="shape"):
+        train_lib.load_checkpoint(path, fingerprint=FP, config=wrong)
