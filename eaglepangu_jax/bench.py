@@ -96,8 +96,8 @@ def load_eagle3() -> tuple[Any, Any]:
     """
     try:
         from eaglepangu_jax.drafters import eagle3
-    except ModuleNotFoundError as err:
-        if err.name and err.name.endswith("drafters.eagle3"):
+    except ImportError as err:
+        if isinstance(err, ModuleNotFoundError) and (err.name or "").endswith("drafters.eagle3"):
             raise DrafterUnavailableError(
                 "the eagle3 drafter is not part of this installation") from None
         raise DrafterUnavailableError(f"the eagle3 drafter cannot be imported: {err}") from err
@@ -121,7 +121,7 @@ def configure_drafter(drafter: Any, *, budget: int, depth: int) -> Any:
 
 
 def make_method(name: str, spec: SpecConfig, *, clamp_depth: bool = False,
-                eagle3_loader: Callable[[], tuple[Any, Any]] = load_eagle3) -> Method:
+                eagle3_loader: Callable[[], tuple[Any, Any]] | None = None) -> Method:
     """Build a benchmark method; ``spec``'s budget and depth configure the drafter.
 
     Args:
@@ -129,7 +129,7 @@ def make_method(name: str, spec: SpecConfig, *, clamp_depth: bool = False,
       spec: the run settings.
       clamp_depth: lower ``spec.depth`` to the drafter's maximum instead of failing (for a
         default depth the user did not choose).
-      eagle3_loader: returns the EAGLE-3 ``(drafter, params)``.
+      eagle3_loader: returns the EAGLE-3 ``(drafter, params)`` (default: :func:`load_eagle3`).
 
     Raises:
       ValueError: unknown name, or a depth above the drafter's maximum.
@@ -142,7 +142,7 @@ def make_method(name: str, spec: SpecConfig, *, clamp_depth: bool = False,
     if name == "ngram":
         drafter, params = make_drafter("ngram", depth=spec.depth, budget=spec.budget), None
     elif name == "eagle3":
-        drafter, params = eagle3_loader()
+        drafter, params = (eagle3_loader or load_eagle3)()
         drafter = configure_drafter(drafter, budget=spec.budget, depth=spec.depth)
     else:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
@@ -180,6 +180,9 @@ class Renderer(Protocol):
     def decode(self, ids: Sequence[int]) -> str:
         """Answer text (special tokens dropped), sent back as the assistant message."""
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of plain text, no template (``generate --raw``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class ChatRenderer:
@@ -194,6 +197,9 @@ class ChatRenderer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
 
 
 # ----------------------------------------------------------------------------- timing

@@ -257,3 +257,15 @@ def test_auto_policy_uses_the_controller(teacher):
     assert max(result.stats.nodes_per_round) < max(wide.stats.nodes_per_round)
     with pytest.raises(ValueError, match="needs the verify latency"):
         gen.generate(teacher, drafter, PROMPT, spec)
+
+
+def test_reference_and_performance_modes_agree(teacher, monkeypatch):
+    expected = naive_greedy(teacher, PROMPT, 10)
+    drafter = OracleTreeDrafter(tuple(expected), len(PROMPT), 6, 3)
+    spec = SpecConfig(budget=6, depth=3, max_new_tokens=10, eos_id=NO_EOS)
+    monkeypatch.setenv("EAGLEPANGU_MODE", "performance")
+    fast = gen.generate(teacher, drafter, PROMPT, spec)
+    monkeypatch.setenv("EAGLEPANGU_MODE", "reference")
+    checked = gen.generate(teacher, drafter, PROMPT, spec)
+    assert fast.tokens == checked.tokens == expected
+    assert fast.stats.accepted_per_round == checked.stats.accepted_per_round

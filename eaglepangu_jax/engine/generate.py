@@ -23,6 +23,7 @@ from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.state import DecodeState
 from eaglepangu_jax.engine.step import StepStatic, run_rounds, run_rounds_batched
 from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax import mode
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 
@@ -186,7 +187,8 @@ def _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id, 
         window = window_for(length + need, capacity)
         static = StepStatic(teacher=teacher.config, drafter=drafter, spec=spec, window=window,
                             eos_id=eos_id)
-        runner = _run_batched if batched else _run
+        # Reference mode: the invariant checks traced into the step raise on the host.
+        runner = mode.checked(_run_batched if batched else _run)
         state = runner(static, teacher.params, draft_params, state, jnp.int32(window),
                        verify_latency)
 

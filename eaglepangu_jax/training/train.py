@@ -120,13 +120,28 @@ def batch_loss(head, config, embed, features, tokens, targets, steps):
     return loss, jnp.stack(accs)
 
 
+def lr_schedule(cfg: TrainConfig):
+    """Linear warmup to ``learning_rate``, then cosine decay to 5% of it at ``steps``.
+
+    Written out (not optax's helper) so every operation is dtype-explicit: the step count is
+    int32 and the tests run under strict dtype promotion.
+    """
+    peak, warm = cfg.learning_rate, max(min(cfg.warmup_steps, cfg.steps - 1), 1)
+
+    def schedule(count):
+        t = jnp.asarray(count).astype(jnp.float32)
+        warmup = jnp.float32(peak) * t / jnp.float32(warm)
+        frac = jnp.clip((t - jnp.float32(warm)) / jnp.float32(max(cfg.steps - warm, 1)), 0.0, 1.0)
+        cosine = jnp.float32(peak) * (jnp.float32(0.05) + jnp.float32(0.95 * 0.5)
+                                      * (1.0 + jnp.cos(jnp.float32(math.pi) * frac)))
+        return jnp.where(t < jnp.float32(warm), warmup, cosine)
+
+    return schedule
+
+
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=min(cfg.warmup_steps,
-                                                                       cfg.steps - 1),
-        decay_steps=cfg.steps, end_value=cfg.learning_rate * 0.05)
     return optax.chain(optax.clip_by_global_norm(1.0),
-                       optax.adamw(schedule, weight_decay=cfg.weight_decay))
+                       optax.adamw(lr_schedule(cfg), weight_decay=cfg.weight_decay))
 
 
 def batch_indices(step: int, num: int, cfg: TrainConfig) -> np.ndarray:

@@ -1,0 +1,440 @@
+"""The ``eaglepangu`` command: generate, benchmark side by side, read traces, run the demo.
+
+Every flag is checked before the model loads, so a typo costs a second, not a model load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from eaglepangu_jax import bench
+from eaglepangu_jax.engine.config import POLICIES, SpecConfig
+from eaglepangu_jax.suites import SUITES, Conversation, load_prompts, load_suite
+
+DRAFTER_CHOICES = ("none", "ngram", "eagle3")
+DEMO_MAX_NEW_TOKENS = 96
+# Two MT-Bench openings (an editing task and a coding task) and one HumanEval problem.
+DEMO_TURNS = (("mtbench", "90"), ("mtbench", "122"), ("humaneval", "HumanEval/0"))
+
+DESCRIPTION = """\
+Tree speculative decoding in JAX on SmolLM2-135M-Instruct: a drafter proposes a tree of
+continuations, the teacher verifies the whole tree in one forward pass, and every accepted
+token is exactly what the teacher would have produced on its own.
+
+commands:
+  generate   answer one prompt and report tokens/s and the accepted length
+  bench      run greedy and speculative methods side by side on a prompt suite
+  trace      read the per-round traces written by 'generate --trace'
+  demo       a few-minute side-by-side comparison (what 'make run' shows)
+"""
+
+EPILOG = """\
+examples:
+  eaglepangu generate "What is the capital of France?"
+  eaglepangu generate "Write a Python function that reverses a list." --drafter ngram \\
+      --max-new-tokens 128 --json out.json
+  eaglepangu generate "Tell me a story." --temperature 0.7 --top-p 0.9 --seed 1
+  eaglepangu generate "List the planets." --trace trace.jsonl
+  eaglepangu trace summarize trace.jsonl
+  eaglepangu bench --suite humaneval --limit 3 --max-new-tokens 64 \\
+      --methods greedy,ngram --json bench.json
+  eaglepangu bench --prompts my_prompts.jsonl --json bench.json
+  eaglepangu demo
+
+Run 'eaglepangu COMMAND --help' for the options of one command.
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the hand-written layout of descriptions; shows the defaults worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        hidden = action.default is None or isinstance(action.default, bool) \
+            or action.default == argparse.SUPPRESS
+        if action.option_strings and not hidden and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+# ----------------------------------------------------------------------------- the parser
+
+
+def _budget(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number of tree nodes, "
+                                         f"got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"budget must be >= 1 tree node, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _add_tree_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
+    p.add_argument("--max-new-tokens", type=_positive, default=max_new_tokens, metavar="N",
+                   help="tokens to generate per answer (fewer if the model stops)")
+    p.add_argument("--budget", type=_budget, default="auto", metavar="{auto,N}",
+                   help=f"tree nodes verified per round, root excluded; 'auto' = "
+                        f"{bench.DEFAULT_BUDGET} (with --policy auto: the ceiling under which "
+                        f"the controller chooses each round)")
+    p.add_argument("--depth", type=_positive, default=None, metavar="D",
+                   help=f"deepest tree node (default: {bench.DEFAULT_DEPTH}, or the drafter's "
+                        f"maximum if lower)")
+    p.add_argument("--policy", choices=POLICIES, default="drafter",
+                   help="tree shape: 'drafter' = the drafter's own tree; 'best_first' = the "
+                        "top-budget prefixes of per-depth marginals; 'auto' = best-first with "
+                        "a roofline controller choosing the node count; 'static' = a fixed "
+                        "topology")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``eaglepangu`` (all sub-commands)."""
+    parser = argparse.ArgumentParser(prog="eaglepangu", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    g = sub.add_parser(
+        "generate", formatter_class=_Formatter, help="answer one prompt",
+        description="Generate an answer to PROMPT with the real teacher and report tokens/s\n"
+                    "(compilation excluded) and the accepted length: tokens per verify round,\n"
+                    "the bonus token included (plain decoding scores 1.00).",
+        epilog='example:\n  eaglepangu generate "What is the capital of France?" '
+               '--drafter ngram --max-new-tokens 32')
+    g.add_argument("prompt", metavar="PROMPT", help="the user message (or raw text with --raw)")
+    _add_tree_options(g, max_new_tokens=128)
+    g.add_argument("--drafter", choices=DRAFTER_CHOICES, default=None,
+                   help="'none' = plain greedy/sampled decoding; default: eagle3 if its "
+                        "shipped weights load, else ngram")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 = greedy (output identical to plain greedy decoding); > 0 = "
+                        "lossless speculative sampling")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass")
+    g.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed")
+    chat = g.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=True,
+                      help="wrap PROMPT in the model's chat template")
+    chat.add_argument("--raw", dest="chat", action="store_false",
+                      help="feed PROMPT as plain text (continue it)")
+    g.add_argument("--trace", metavar="FILE", default=None,
+                   help="write one JSON record per round (docs/TRACE_SCHEMA.md); runs the "
+                        "slower host-driven loop so that each phase can be timed")
+    g.add_argument("--json", metavar="FILE", default=None, help="write the result as JSON")
+
+    b = sub.add_parser(
+        "bench", formatter_class=_Formatter, help="side-by-side benchmark",
+        description="Run the methods one after another on every turn (greedy first: it is the\n"
+                    "reference), on the same teacher. Later turns of a conversation follow the\n"
+                    "greedy answers. Compilation is excluded from the timings and reported\n"
+                    "apart. Prints a summary table and writes every turn's figures to --json.",
+        epilog="prompt files are JSON Lines, one conversation per line:\n"
+               '  {"id": "q1", "turns": ["Write a poem.", "Now make it shorter."]}\n'
+               '  {"question_id": 7, "turns": ["def add(a, b):"]}\n\n'
+               "example:\n  eaglepangu bench --suite mtbench --limit 5 "
+               "--methods greedy,ngram --json mt.json")
+    source = b.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", metavar="FILE.jsonl", help="conversations to run")
+    source.add_argument("--suite", choices=SUITES, help="a shipped prompt suite")
+    b.add_argument("--limit", type=_positive, default=None, metavar="N",
+                   help="run only the first N conversations")
+    _add_tree_options(b, max_new_tokens=128)
+    b.add_argument("--methods", default=None, metavar="LIST",
+                   help=f"comma-separated, from {', '.join(bench.METHODS)}; greedy always "
+                        f"runs first (default: greedy,ngram and eagle3 if it loads)")
+    b.add_argument("--json", metavar="OUT", required=True, help="where to write the report")
+    b.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar")
+
+    t = sub.add_parser("trace", formatter_class=_Formatter, help="read traces",
+                       description="Read traces written by 'eaglepangu generate --trace'.")
+    tsub = t.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    ts = tsub.add_parser("summarize", formatter_class=_Formatter,
+                         help="per-phase totals and the acceptance histogram",
+                         description="Per-phase time totals and the histogram of accepted "
+                                     "lengths of a trace file.")
+    ts.add_argument("file", metavar="FILE", help="a trace (JSON Lines)")
+
+    d = sub.add_parser(
+        "demo", formatter_class=_Formatter, help="a few-minute side-by-side demo",
+        description=f"Greedy vs the shipped drafter (eagle3 if available, else ngram) and\n"
+                    f"ngram on {len(DEMO_TURNS)} short turns (MT-Bench and HumanEval), "
+                    f"{DEMO_MAX_NEW_TOKENS} new tokens each.\n"
+                    f"Prints tokens/s, speed-up over greedy, accepted length and whether each\n"
+                    f"output is identical to greedy's.")
+    d.add_argument("--json", metavar="OUT", default=None, help="also write the report")
+    d.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar")
+    for command_parser in (g, b, ts, d):
+        command_parser.set_defaults(command_parser=command_parser)
+    return parser
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _depth_and_clamp(args: argparse.Namespace) -> tuple[int, bool]:
+    """The depth asked for, and whether it may be lowered to a drafter's maximum."""
+    if args.depth is None:
+        return bench.DEFAULT_DEPTH, True
+    return args.depth, False
+
+
+def _spec(parser: argparse.ArgumentParser, args: argparse.Namespace, **extra: Any
+          ) -> SpecConfig:
+    depth, _ = _depth_and_clamp(args)
+    budget = bench.DEFAULT_BUDGET if args.budget == "auto" else args.budget
+    try:
+        return SpecConfig(policy=args.policy, budget=budget, depth=depth,
+                          max_new_tokens=args.max_new_tokens, **extra)
+    except ValueError as err:
+        parser.error(str(err))
+    raise AssertionError("unreachable")
+
+
+def _writable(parser: argparse.ArgumentParser, path: str | None, what: str) -> None:
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        parser.error(f"cannot write the {what} {path}: its folder does not exist")
+
+
+def _method(parser: argparse.ArgumentParser, name: str, spec: SpecConfig, clamp: bool
+            ) -> bench.Method:
+    try:
+        return bench.make_method(name, spec, clamp_depth=clamp)
+    except (ValueError, bench.DrafterUnavailableError) as err:
+        parser.error(str(err))
+    raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_teacher():
+    """The real teacher (SmolLM2-135M-Instruct, float32, weights laid out per layer)."""
+    from eaglepangu_jax.engine.generate import Teacher
+    from eaglepangu_jax.models import llama
+    from eaglepangu_jax.models.smollm2 import load_smollm2
+
+    config, params = load_smollm2()
+    return Teacher(config, llama.prepare_params(params))
+
+
+def load_renderer() -> bench.ChatRenderer:
+    """The teacher's chat template and tokenizer."""
+    from eaglepangu_jax.models.tokenizer import load_tokenizer
+
+    return bench.ChatRenderer(load_tokenizer())
+
+
+def _note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_generate(parser, args, teacher=None, renderer=None) -> int:
+    """``eaglepangu generate``."""
+    if args.temperature < 0:
+        parser.error(f"temperature must be >= 0, got {args.temperature}")
+    sampling = dict(acceptance="sample" if args.temperature > 0 else "greedy",
+                    temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    spec = _spec(parser, args, **sampling)
+    _writable(parser, args.json, "JSON output")
+    _writable(parser, args.trace, "trace")
+    _, clamp = _depth_and_clamp(args)
+    name = args.drafter
+    if name is None:
+        try:
+            method = bench.make_method("eagle3", spec, clamp_depth=clamp)
+        except (ValueError, bench.DrafterUnavailableError) as err:
+            _note(f"drafter: ngram (eagle3 unavailable: {err})")
+            method = _method(parser, "ngram", spec, clamp)
+        else:
+            _note("drafter: eagle3 (shipped weights)")
+    else:
+        method = _method(parser, "greedy" if name == "none" else name, spec, clamp)
+        _note(f"drafter: {name}")
+
+    teacher = teacher if teacher is not None else load_teacher()
+    renderer = renderer if renderer is not None else load_renderer()
+    if args.chat:
+        prompt_ids = renderer.encode([{"role": "user", "content": args.prompt}])
+    else:
+        prompt_ids = renderer.encode_text(args.prompt)
+    result, compile_s = _generate(teacher, method, prompt_ids, args.trace)
+    text = renderer.decode(result.tokens)
+    stats = result.stats
+    seconds = max(stats.seconds - compile_s, 1e-9)
+    label = method.name if method.drafter is not None else "none"
+    print(text)
+    print(f"[{label}] "
+          f"{stats.new_tokens} tokens in {seconds:.2f} s: {stats.new_tokens / seconds:.1f} "
+          f"tokens/s, accepted length {stats.accepted_length:.2f} over {stats.rounds} rounds"
+          f" ({compile_s:.1f} s of compilation excluded)")
+    if args.trace:
+        _note(f"trace written to {args.trace} (eaglepangu trace summarize {args.trace})")
+    if args.json:
+        record = {
+            "prompt": args.prompt, "prompt_ids": list(prompt_ids), "tokens": result.tokens,
+            "text": text, "drafter": label,
+            "spec": dataclasses.asdict(method.spec), "new_tokens": stats.new_tokens,
+            "seconds": seconds, "compile_seconds": compile_s,
+            "prefill_seconds": stats.prefill_seconds,
+            "tokens_per_s": stats.new_tokens / seconds, "rounds": stats.rounds,
+            "accepted_length": stats.accepted_length,
+            "accepted_per_round": list(stats.accepted_per_round),
+            "nodes_per_round": list(stats.nodes_per_round),
+        }
+        bench.write_report(args.json, record)
+    return 0
+
+
+def _generate(teacher, method: bench.Method, prompt_ids: list[int], trace_path: str | None):
+    """One generation; returns the result and the compile seconds inside its decode time."""
+    from eaglepangu_jax.engine.generate import generate
+    from eaglepangu_jax.engine.trace import generate_traced
+
+    verify_latency = bench.auto_verify_latency(teacher.config, method.spec, len(prompt_ids))
+    watch = bench.CompileWatch()
+    start = time.perf_counter()
+    with watch.active():
+        if trace_path:
+            result = generate_traced(teacher, method.drafter, prompt_ids, method.spec,
+                                     draft_params=method.draft_params, trace_path=trace_path,
+                                     verify_latency=verify_latency)
+        else:
+            result = generate(teacher, method.drafter, prompt_ids, method.spec,
+                              draft_params=method.draft_params, verify_latency=verify_latency)
+    # Compilations that ended after the prefill belong to the decode time.
+    return result, watch.seconds_after(start + result.stats.prefill_seconds)
+
+
+def _conversations(parser, args) -> list[Conversation]:
+    try:
+        conversations = load_prompts(args.prompts) if args.prompts else load_suite(args.suite)
+    except (OSError, ValueError) as err:
+        parser.error(str(err))
+    return conversations[: args.limit] if args.limit else conversations
+
+
+def cmd_bench(parser, args, teacher=None, renderer=None) -> int:
+    """``eaglepangu bench``."""
+    try:
+        names = bench.parse_methods(args.methods or "greedy,ngram")
+    except ValueError as err:
+        parser.error(str(err))
+    spec = _spec(parser, args)
+    _writable(parser, args.json, "report")
+    conversations = _conversations(parser, args)
+    _, clamp = _depth_and_clamp(args)
+    methods = [_method(parser, name, spec, clamp) for name in names]
+    if args.methods is None:
+        try:
+            methods.insert(1, bench.make_method("eagle3", spec, clamp_depth=clamp))
+        except (ValueError, bench.DrafterUnavailableError) as err:
+            _note(f"methods: greedy, ngram (eagle3 unavailable: {err})")
+    report = _run(methods, conversations, teacher, renderer, args.progress)
+    bench.write_report(args.json, report)
+    print(bench.format_summary(report))
+    _note(f"report written to {args.json}")
+    return 0
+
+
+def _run(methods, conversations, teacher, renderer, progress) -> dict[str, Any]:
+    teacher = teacher if teacher is not None else load_teacher()
+    renderer = renderer if renderer is not None else load_renderer()
+    return bench.run_bench(teacher, conversations, methods, renderer, progress=progress)
+
+
+def cmd_trace(parser, args) -> int:
+    """``eaglepangu trace summarize``."""
+    from eaglepangu_jax.engine.trace import summarize
+
+    try:
+        summary = summarize(args.file)
+    except (OSError, ValueError) as err:
+        parser.error(str(err))
+    print(summary.to_text())
+    return 0
+
+
+def demo_conversations() -> list[Conversation]:
+    """The demo's turns: the opening message of each of :data:`DEMO_TURNS`."""
+    suites: dict[str, dict[str, Conversation]] = {}
+    chosen = []
+    for suite, ident in DEMO_TURNS:
+        if suite not in suites:
+            suites[suite] = {c.id: c for c in load_suite(suite)}
+        c = suites[suite][ident]
+        chosen.append(dataclasses.replace(c, turns=c.turns[:1]))
+    return chosen
+
+
+def cmd_demo(parser, args, teacher=None, renderer=None) -> int:
+    """``eaglepangu demo``."""
+    _writable(parser, args.json, "report")
+    spec = SpecConfig(budget=bench.DEFAULT_BUDGET, depth=bench.DEFAULT_DEPTH,
+                      max_new_tokens=DEMO_MAX_NEW_TOKENS)
+    methods = [bench.make_method("greedy", spec)]
+    try:
+        methods.append(bench.make_method("eagle3", spec, clamp_depth=True))
+        _note("shipped drafter: eagle3")
+    except (ValueError, bench.DrafterUnavailableError) as err:
+        _note(f"shipped drafter: ngram (eagle3 unavailable: {err})")
+    methods.append(bench.make_method("ngram", spec))
+    conversations = demo_conversations()
+    _note(f"loading SmolLM2-135M-Instruct; {len(conversations)} turns x {len(methods)} methods, "
+          f"{DEMO_MAX_NEW_TOKENS} new tokens each (the first run of each shape compiles)")
+    report = _run(methods, conversations, teacher, renderer, args.progress)
+    if args.json:
+        bench.write_report(args.json, report)
+    print(bench.format_turns(report))
+    print()
+    print(bench.format_summary(report))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: Any = None
+         ) -> int:
+    """Entry point of ``eaglepangu``.
+
+    Args:
+      argv: the arguments (default: ``sys.argv[1:]``).
+      teacher, renderer: use these instead of loading SmolLM2 and its chat template (tests,
+        embedding); ``renderer`` follows :class:`eaglepangu_jax.bench.Renderer`.
+
+    Returns:
+      The exit status (bad flags exit with status 2 before any model is loaded).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub = args.command_parser  # errors name the sub-command's usage
+    if args.command == "generate":
+        return cmd_generate(sub, args, teacher, renderer)
+    if args.command == "bench":
+        return cmd_bench(sub, args, teacher, renderer)
+    if args.command == "trace":
+        return cmd_trace(sub, args)
+    return cmd_demo(sub, args, teacher, renderer)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The side-by-side benchmark on a tiny random teacher: records, summary math, divergences."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eaglepangu_jax import bench
+from eaglepangu_jax.cache import KVCache
+from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax.drafters.ngram import NGramDrafter
+from eaglepangu_jax.engine import generate as gen
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.models import llama
+from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.init import random_params
+from eaglepangu_jax.suites import Conversation
+
+CFG = LlamaConfig.tiny(vocab_size=61, max_position=512)
+SPEC = SpecConfig(budget=4, depth=3, max_new_tokens=12, eos_id=-7)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyRenderer:
+    """Characters to ids of the tiny vocabulary, and back; a message ends with id 1."""
+
+    vocab: int = CFG.vocab_size
+
+    def encode(self, messages):
+        ids = []
+        for m in messages:
+            ids += [3 + ord(c) % (self.vocab - 3) for c in m["content"]] + [1]
+        return ids
+
+    def decode(self, ids):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+    def encode_text(self, text):
+        return self.encode([{"role": "user", "content": text}])[:-1]
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    params = random_params(CFG, jax.random.key(3))
+    params = jax.tree_util.tree_map(lambda x: x * 3.0 if x.ndim >= 2 else x, params)
+    return gen.Teacher(CFG, params)
+
+
+CONVERSATIONS = [
+    Conversation(id="a", category="writing", turns=("abcabcabc", "again abc")),
+    Conversation(id="b", category="code", turns=("def f(x): return x",)),
+]
+
+
+def _methods(greedy_spec=SPEC, ngram_spec=SPEC):
+    return [bench.make_method("greedy", greedy_spec), bench.make_method("ngram", ngram_spec)]
+
+
+def test_run_bench_records_and_follows_greedy_answers(teacher):
+    renderer = ToyRenderer()
+    report = bench.run_bench(teacher, CONVERSATIONS, _methods(), renderer, progress=False)
+    json.dumps(report, allow_nan=False)  # JSON-ready, no NaN / inf
+    turns = report["turns"]
+    assert [(t["conversation_id"], t["turn_index"]) for t in turns] == [("a", 0), ("a", 1),
+                                                                         ("b", 0)]
+    assert set(report["warmup_seconds"]) == {"greedy", "ngram"}
+    for t in turns:
+        assert list(t["methods"]) == ["greedy", "ngram"]
+        g, n = t["methods"]["greedy"], t["methods"]["ngram"]
+        for r in (g, n):
+            assert {"new_tokens", "seconds", "tokens_per_s", "rounds", "accepted_length",
+                    "identical_to_greedy", "divergence_index", "near_tie_gap",
+                    "compile_seconds", "speedup"} <= set(r)
+            assert r["accepted_length"] == pytest.approx(r["new_tokens"] / r["rounds"])
+        assert g["identical_to_greedy"] and g["speedup"] == 1.0 and g["rounds"] == 12
+        # Greedy acceptance is lossless: the n-gram method reproduces greedy exactly.
+        assert n["identical_to_greedy"] and n["divergence_index"] is None
+        assert n["speedup"] == pytest.approx(n["tokens_per_s"] / g["tokens_per_s"])
+    # The second turn continues after the *greedy* answer to the first.
+    first = renderer.encode([{"role": "user", "content": "abcabcabc"}])
+    answer = gen.generate(teacher, None, first, SPEC).tokens
+    history = [{"role": "user", "content": "abcabcabc"},
+               {"role": "assistant", "content": renderer.decode(answer)},
+               {"role": "user", "content": "again abc"}]
+    assert turns[1]["prompt_tokens"] == len(renderer.encode(history))
+    assert report["summary"]["ngram"]["identical_fraction"] == 1.0
+    table = bench.format_summary(report)
+    assert "ngram" in table and "greedy" in table
+    assert "a#2" in bench.format_turns(report)
+
+
+def _naive_gap(teacher, sequence):
+    """Top-1 minus top-2 logit after ``sequence``: one uncached forward, nothing shared."""
+    t = len(sequence)
+    kv = KVCache(k=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
+                 v=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
+                 length=jnp.int32(0))
+    logits, _, _ = llama.forward(teacher.params, jnp.asarray(sequence, jnp.int32),
+                                 jnp.arange(t, dtype=jnp.int32), kv,
+                                 mask_lib.causal_mask(t, 0, t), config=CFG)
+    top = np.sort(np.asarray(logits[-1]))
+    return float(top[-1] - top[-2])
+
+
+def test_divergence_index_and_near_tie_gap(teacher):
+    # Sampling at temperature 1 departs from greedy: a divergence to report.
+    sampled = dataclasses.replace(SPEC, acceptance="sample", temperature=1.0, seed=5)
+    conversations = [Conversation(id="d", category="x", turns=("hello world",))]
+    report = bench.run_bench(teacher, conversations, _methods(ngram_spec=sampled), ToyRenderer(),
+                             progress=False)
+    record = report["turns"][0]["methods"]["ngram"]
+    prompt = ToyRenderer().encode([{"role": "user", "content": "hello world"}])
+    greedy = gen.generate(teacher, None, prompt, SPEC).tokens
+    other = gen.generate(teacher, NGramDrafter(depth=3, budget=4), prompt, sampled).tokens
+    index = bench.first_divergence(greedy, other)
+    assert index is not None, "temperature 1 should leave greedy's path here"
+    assert record["identical_to_greedy"] is False
+    assert record["divergence_index"] == index
+    want = _naive_gap(teacher, prompt + greedy[:index])
+    assert record["near_tie_gap"] == pytest.approx(want, abs=1e-4)
+    assert report["summary"]["ngram"]["identical_fraction"] == 0.0
+
+
+def test_first_divergence():
+    assert bench.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert bench.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert bench.first_divergence([1, 2, 3], [1, 2]) == 2
+    assert bench.first_divergence([], []) is None
+
+
+def _row(tps, speedup, tokens, rounds, identical):
+    return {"tokens_per_s": tps, "speedup": speedup, "new_tokens": tokens, "rounds": rounds,
+            "accepted_length": tokens / rounds, "identical_to_greedy": identical,
+            "compile_seconds": 0.5}
+
+
+def test_summary_math_by_hand():
+    turns = [
+        {"methods": {"greedy": _row(10.0, 1.0, 10, 10, True),
+                     "ngram": _row(15.0, 1.5, 10, 5, True)}},
+        {"methods": {"greedy": _row(20.0, 1.0, 10, 10, True),
+                     "ngram": _row(20.0, 1.0, 10, 10, False)}},
+        {"methods": {"greedy": _row(40.0, 1.0, 40, 40, True),
+                     "ngram": _row(100.0, 2.5, 40, 10, True)}},
+    ]
+    s = bench.summarize_turns(turns, ["greedy", "ngram"])
+    n = s["ngram"]
+    assert n["turns"] == 3
+    assert n["mean_tokens_per_s"] == pytest.approx(45.0)
+    assert n["mean_speedup"] == pytest.approx(5.0 / 3.0)
+    assert n["p50_speedup"] == pytest.approx(1.5)
+    # Linear interpolation: sorted [1.0, 1.5, 2.5], rank 0.99 * 2 = 1.98.
+    assert n["p99_speedup"] == pytest.approx(1.5 + 0.98 * 1.0)
+    assert n["mean_accepted_length"] == pytest.approx((2.0 + 1.0 + 4.0) / 3.0)
+    assert n["overall_accepted_length"] == pytest.approx(60 / 25)
+    assert n["identical_fraction"] == pytest.approx(2 / 3)
+    assert n["compile_seconds"] == pytest.approx(1.5)
+    g = s["greedy"]
+    assert g["mean_speedup"] == g["p50_speedup"] == g["p99_speedup"] == 1.0
+    assert g["mean_accepted_length"] == 1.0 and g["identical_fraction"] == 1.0
+
+
+def test_summary_skips_missing_speedups():
+    rows = [{"methods": {"m": _row(None, None, 4, 2, True)}}]
+    s = bench.summarize_turns(rows, ["m"])["m"]
+    assert s["mean_speedup"] is None and s["mean_tokens_per_s"] is None
+    assert s["mean_accepted_length"] == 2.0
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("greedy,ngram", ("greedy", "ngram")),
+    ("ngram", ("greedy", "ngram")),
+    ("ngram, greedy", ("greedy", "ngram")),
+    (["eagle3", "greedy"], ("greedy", "eagle3")),
+])
+def test_parse_methods(text, expected):
+    assert bench.parse_methods(text) == expected
+
+
+@pytest.mark.parametrize("text,match", [
+    ("greedy,beam", "unknown method"),
+    ("ngram,ngram", "more than once"),
+    (" , ", "no methods"),
+])
+def test_parse_methods_rejects(text, match):
+    with pytest.raises(ValueError, match=match):
+        bench.parse_methods(text)
+
+
+def test_make_method_depth_against_drafter_maximum():
+    def loader():
+        return NGramDrafter(depth=4, budget=16, max_ngram=2), None
+
+    spec = SpecConfig(budget=6, depth=3)
+    method = bench.make_method("eagle3", spec, eagle3_loader=loader)
+    assert method.drafter.depth == 3 and method.drafter.budget == 6  # configured by the spec
+
+    @dataclasses.dataclass(frozen=True)
+    class Capped:
+        name: str = "capped"
+        feature_layers: tuple = ()
+
+        @property
+        def max_depth(self):
+            return 4
+
+    deep = SpecConfig(budget=6, depth=8)
+    with pytest.raises(ValueError, match="depth 8 is above the eagle3 drafter's maximum 4"):
+        bench.make_method("eagle3", deep, eagle3_loader=lambda: (Capped(), None))
+    clamped = bench.make_method("eagle3", deep, clamp_depth=True,
+                                eagle3_loader=lambda: (Capped(), None))
+    assert clamped.spec.depth == 4
+
+
+def test_eagle3_absence_is_a_clear_error(monkeypatch):
+    import sys
+
+    from eaglepangu_jax import drafters
+
+    monkeypatch.delattr(drafters, "eagle3", raising=False)
+    monkeypatch.setitem(sys.modules, "eaglepangu_jax.drafters.eagle3", None)  # import fails
+    with pytest.raises(bench.DrafterUnavailableError, match="eagle3"):
+        bench.load_eagle3()
+
+
+def test_first_prompt_too_long_fails_before_work(teacher):
+    long = Conversation(id="L", category="x", turns=("y" * 600,))
+    with pytest.raises(ValueError, match="conversation 'L'.*exceeds the teacher's context"):
+        bench.run_bench(teacher, [long], _methods(), ToyRenderer(), progress=False)
+
+
+def test_reference_must_come_first(teacher):
+    with pytest.raises(ValueError, match="first method must be 'greedy'"):
+        bench.run_bench(teacher, CONVERSATIONS, _methods()[::-1], ToyRenderer(), progress=False)
+
+
+def test_write_report_is_atomic_json(tmp_path):
+    path = tmp_path / "r.json"
+    bench.write_report(path, {"a": [1, 2]})
+    assert json.loads(path.read_text()) == {"a": [1, 2]}
+    assert list(tmp_path.iterdir()) == [path]
+    with pytest.raises(ValueError):
+        bench.write_report(path, {"a": float("nan")})
+    assert json.loads(path.read_text()) == {"a": [1, 2]}  # the old file survives
+    assert list(tmp_path.iterdir()) == [path]
