@@ -14,7 +14,7 @@ float32, logits returned as float32. Attention goes through
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from npu_backend import bridge
 from npu_backend.attention import IMPLS, Impl, choose_impl, tree_attention
 from npu_backend.device import torch_device
 from npu_backend.kv_cache import TorchKVCache
+
+# attend(layer, q [..., T, Nq, Dh], k [..., T, K, Dh], v [..., T, K, Dh]) -> [..., T, Nq, Dh]
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def param_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -128,20 +131,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float):
-    """Float32 cosine and sine tables ``[T, Dh/2]`` (the JAX model's formula)."""
+    """Float32 cosine and sine tables ``[..., T, Dh/2]`` for positions ``[..., T]`` (the JAX
+    model's formula)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32,
                              device=positions.device) / head_dim
     inv_freq = 1.0 / torch.tensor(theta, dtype=torch.float32, device=positions.device) ** exponents
-    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = positions.float()[..., None] * inv_freq
     return torch.cos(angles), torch.sin(angles)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rotary embedding of ``x [T, N, Dh]`` in float32."""
+    """Rotate-half rotary embedding of ``x [..., T, N, Dh]`` in float32."""
     half = x.shape[-1] // 2
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
+    c, s = cos[..., None, :], sin[..., None, :]
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
@@ -198,37 +202,59 @@ class TorchLlama:
         positions = torch.as_tensor(positions, dtype=torch.long, device=self.device)
         mask = mask.to(self.device)
         self._check(tokens, positions, kv_cache, mask, feature_layers)
+        width = mask.shape[1]
+
+        def attend(i, q, k, v):
+            kv_cache.write(i, k, v)
+            keys = kv_cache.k[i, :width].to(q.dtype).permute(1, 0, 2)[None]  # [1, K, W, Dh]
+            values = kv_cache.v[i, :width].to(q.dtype).permute(1, 0, 2)[None]
+            out = tree_attention(q.permute(1, 0, 2)[None], keys, values, mask,
+                                 impl=self.attention_impl, scale=self.config.head_dim ** -0.5)
+            return out[0].permute(1, 0, 2)
+
+        return self.run(tokens, positions, attend, feature_layers)
+
+    @torch.no_grad()
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
+            feature_layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder with the attention step supplied by the caller.
+
+        :meth:`forward` is this with a cache-backed ``attend``; other verification layouts
+        (a batch of chains, :mod:`npu_backend.branches`) supply their own. Leading axes of
+        ``tokens`` are carried through every layer.
+
+        Args:
+            tokens: ``[..., T]`` token ids (long, on the model's device).
+            positions: ``[..., T]`` rotary positions.
+            attend: ``attend(layer, q, k, v)`` with rotated ``q [..., T, Nq, Dh]`` and the new
+                tokens' ``k``, ``v [..., T, K, Dh]``; returns ``[..., T, Nq, Dh]``.
+            feature_layers: layer indices to tap (checked by the caller).
+
+        Returns:
+            ``(logits [..., T, V] float32, features [..., T, F, H])``.
+        """
         p, c = self.params, self.config
         cos, sin = rope_angles(positions, c.head_dim, c.rope_theta)
         x = p["embed"][tokens]
+        lead = x.shape[:-1]
         tapped = {}
         for i in range(c.num_layers):
             h = rms_norm(x, p["layers/attn_norm"][i], c.rms_norm_eps)
-            x = x + self._attention(i, h, cos, sin, kv_cache, mask)
+            q = apply_rope((h @ p["layers/wq"][i]).view(*lead, c.num_heads, c.head_dim), cos, sin)
+            k = apply_rope((h @ p["layers/wk"][i]).view(*lead, c.num_kv_heads, c.head_dim),
+                           cos, sin)
+            v = (h @ p["layers/wv"][i]).view(*lead, c.num_kv_heads, c.head_dim)
+            x = x + attend(i, q, k, v).reshape(*lead, c.q_width) @ p["layers/wo"][i]
             h = rms_norm(x, p["layers/mlp_norm"][i], c.rms_norm_eps)
             gate = torch.nn.functional.silu(h @ p["layers/w_gate"][i])
             x = x + (gate * (h @ p["layers/w_up"][i])) @ p["layers/w_down"][i]
             if i in feature_layers:
                 tapped[i] = x
-        features = torch.stack([tapped[i] for i in feature_layers], dim=1) if feature_layers \
-            else x.new_zeros((x.shape[0], 0, c.hidden_size))
+        features = torch.stack([tapped[i] for i in feature_layers], dim=-2) if feature_layers \
+            else x.new_zeros((*lead, 0, c.hidden_size))
         h = rms_norm(x, p["final_norm"], c.rms_norm_eps)
         head = p["lm_head"] if "lm_head" in p else p["embed"].T
         return (h @ head).float(), features
-
-    def _attention(self, i, h, cos, sin, cache, mask):
-        """GQA attention of the new tokens over slots ``[0, W)`` after writing their K/V."""
-        c, p = self.config, self.params
-        t, width = h.shape[0], mask.shape[1]
-        q = apply_rope((h @ p["layers/wq"][i]).view(t, c.num_heads, c.head_dim), cos, sin)
-        k = apply_rope((h @ p["layers/wk"][i]).view(t, c.num_kv_heads, c.head_dim), cos, sin)
-        v = (h @ p["layers/wv"][i]).view(t, c.num_kv_heads, c.head_dim)
-        cache.write(i, k, v)
-        keys = cache.k[i, :width].to(q.dtype).permute(1, 0, 2)[None]  # [1, K, W, Dh]
-        values = cache.v[i, :width].to(q.dtype).permute(1, 0, 2)[None]
-        out = tree_attention(q.permute(1, 0, 2)[None], keys, values, mask,
-                             impl=self.attention_impl, scale=c.head_dim ** -0.5)
-        return out[0].permute(1, 0, 2).reshape(t, c.q_width) @ p["layers/wo"][i]
 
     def _check(self, tokens, positions, cache, mask, feature_layers):
         c, t = self.config, tokens.shape[0]

@@ -7,6 +7,8 @@ biased) must give p < 1e-9 on the same sample size, which shows the test has pow
 
 import dataclasses
 import functools
+import os
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
+from eaglepangu_jax import mode
 from eaglepangu_jax import tree as T
 from eaglepangu_jax import verify as V
 
@@ -76,6 +79,18 @@ def test_adjusted_probs_matches_numpy(logits, temperature, top_p):
     if np.any(np.abs(np.cumsum(ranked) - top_p) < 1e-4) or np.any(np.diff(ranked) > -1e-5):
         return
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.995])
+def test_top_p_on_a_large_vocabulary(top_p):
+    """The bisection cutoff equals the sorted cutoff where probabilities are tiny and many."""
+    rng = np.random.default_rng(7)
+    logits = (rng.normal(size=(4, 2000)) * 3).astype(np.float32)
+    got = np.asarray(adjusted_jit(logits, np.float32(1.0), np.float32(top_p)))
+    for r in range(4):
+        want = np_adjusted(logits[r], 1.0, top_p)
+        np.testing.assert_array_equal(got[r] > 0, want > 0)
+        np.testing.assert_allclose(got[r], want, atol=1e-6)
 
 
 def test_adjusted_probs_rejects_bad_parameters():
@@ -269,8 +284,9 @@ def random_case(seed, n=12, vocab=5):
     valid = [True]
     for i in range(1, n):
         valid.append(valid[parents[i]] and rng.random() < 0.8)
-    tree = build(np.asarray(parents, np.int32), rng.integers(0, vocab, n).astype(np.int32),
-                 np.asarray(valid))
+    with mock.patch.dict(os.environ, {"EAGLEPANGU_MODE": "performance"}):  # trace once, here
+        tree = build(np.asarray(parents, np.int32), rng.integers(0, vocab, n).astype(np.int32),
+                     np.asarray(valid))
     logits = (rng.normal(size=(n, vocab)) * 2).astype(np.float32)
     q = rng.dirichlet(np.ones(vocab), size=n).astype(np.float32)
     return tree, logits, q
@@ -346,6 +362,40 @@ def test_nan_root_row_stops_safely(use_q, performance_mode):
         acc = fn(tree, logits, jax.random.key(seed), q)
         assert int(acc.length) == 0 and not bool(acc.ok)
         assert int(acc.next_token) == int(np.nanargmax(logits[0]))
+
+
+@pytest.mark.parametrize("use_q,expected", [(False, 0.3), (True, 0.5)])
+def test_single_child_acceptance_rate(use_q, expected):
+    """One child x with p(x) = 0.3: matching accepts with p(x), the ratio rule with
+    min(1, p(x) / q(x)) = 0.3 / 0.6 when x was drawn from q."""
+    tree = T.from_parents([0, 0], tokens=[0, 1], max_depth=1)
+    logits = np.log(np.asarray([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]], np.float32))
+    q = np.asarray([[0.2, 0.6, 0.2], [1 / 3, 1 / 3, 1 / 3]], np.float32)
+    keys = jax.random.split(jax.random.key(11), 20_000)
+    acc = jax.jit(jax.vmap(lambda k: V.sample(tree, logits, k,
+                                              draft_probs=q if use_q else None)))(keys)
+    rate = float(np.mean(np.asarray(acc.length)))
+    assert abs(rate - expected) < 0.02  # binomial sd 0.0035
+    first = np.bincount(np.asarray(acc.tokens[:, 0]), minlength=3)
+    if use_q:
+        # A fixed child is not a draw from q, so only the residual max(p - q, 0) = (0.3, 0, 0)
+        # can follow a rejection: token 2 is never emitted (lossless only when x ~ q).
+        assert first[2] == 0
+    else:
+        # Matching is lossless for any fixed tree: the first token follows p exactly.
+        assert chisquare(first, np.asarray([0.5, 0.3, 0.2]) * len(keys)).pvalue > PASS_P
+
+
+def test_reference_mode_raises_on_nan(reference_mode):
+    tree, logits, q = random_case(0)
+    slot = int(np.flatnonzero(np.asarray(tree.valid))[-1])  # a valid leaf-ish slot
+    logits[slot, 0] = np.nan
+    for draft in (None, q):
+        with pytest.raises(V.DegenerateLogitsError, match=f"slot {slot}"):
+            V.sample(tree, logits, jax.random.key(0), draft_probs=draft)
+    checked = mode.checked(jax.jit(lambda t, l, k: V.sample(t, l, k, temperature=0.5)))
+    with pytest.raises(Exception, match=f"slot {slot}"):
+        checked(tree, logits, jax.random.key(0))
 
 
 def test_sample_bad_input_raises():

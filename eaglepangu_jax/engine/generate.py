@@ -283,3 +283,31 @@ def generate_batch(teacher: Teacher, drafter: Any, prompts: Sequence[Sequence[in
             new, state.rounds[i], np.asarray(state.accepted_log[i]),
             np.asarray(state.nodes_log[i]), t2 - t1, t1 - t0)))
     return results
+
+
+def sample_many(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: SpecConfig,
+                num_samples: int, *, draft_params: Any = None,
+                verify_latency: Any = None) -> list[list[int]]:
+    """``num_samples`` independent generations of one prompt, prefilled once.
+
+    Sample ``i`` uses random stream ``i`` (as :func:`generate` with ``stream=i``), so with
+    ``acceptance="sample"`` the results are draws from the teacher's (adjusted) distribution;
+    useful for best-of-n and for checking losslessness statistically.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    validate(teacher, drafter, prompt_ids, spec)
+    eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
+    capacity = cache_slots(len(prompt_ids), spec)
+    state = init_state(teacher, drafter, draft_params, prompt_ids, spec, capacity=capacity,
+                       key=jax.random.key(spec.seed))
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(spec.seed), i))(
+        jnp.arange(num_samples, dtype=jnp.int32))
+    state = jax.tree_util.tree_map(
+        lambda x: jnp.broadcast_to(x, (num_samples,) + x.shape), state)
+    state = dataclasses.replace(state, key=keys)
+    state = _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id,
+                         batched=True, verify_latency=verify_latency)
+    tokens, num = np.asarray(state.tokens), np.asarray(state.num_tokens)
+    return [_finish(tokens[i], len(prompt_ids), int(num[i]), spec, eos_id)
+            for i in range(num_samples)]

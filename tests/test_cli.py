@@ -1,0 +1,188 @@
+"""The ``eaglepangu`` command line: flag checks before any model load, end-to-end runs on a
+tiny teacher, and one slow run on the real model."""
+
+import dataclasses
+import json
+
+import jax
+import pytest
+
+from eaglepangu_jax import bench, cli
+from eaglepangu_jax.engine import generate as gen
+from eaglepangu_jax.engine import trace
+from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.init import random_params
+
+from test_bench import ToyRenderer
+
+CFG = LlamaConfig.tiny(vocab_size=61, max_position=512)
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fail the test if anything tries to load the real model or tokenizer."""
+
+    def refuse():
+        raise AssertionError("the model was loaded before the flags were checked")
+
+    monkeypatch.setattr(cli, "load_teacher", refuse)
+    monkeypatch.setattr(cli, "load_renderer", refuse)
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    params = random_params(CFG, jax.random.key(3))
+    params = jax.tree_util.tree_map(lambda x: x * 3.0 if x.ndim >= 2 else x, params)
+    return gen.Teacher(CFG, params)
+
+
+def _fails(argv, capsys, match):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert match in err, err
+
+
+def test_help_reads_like_a_guide(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for text in ("examples:", "eaglepangu generate", "eaglepangu bench", "eaglepangu demo",
+                 "trace summarize"):
+        assert text in out
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["generate", "hi", "--budget", "0"], "budget must be >= 1"),
+    (["generate", "hi", "--budget", "many"], "expected 'auto' or a whole number"),
+    (["generate", "hi", "--depth", "0"], "must be >= 1"),
+    (["generate", "hi", "--temperature", "-0.5"], "temperature must be >= 0"),
+    (["generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["generate", "hi", "--drafter", "medusa"], "invalid choice: 'medusa'"),
+    (["generate", "hi", "--policy", "widest"], "invalid choice: 'widest'"),
+    (["generate", "hi", "--max-new-tokens", "0"], "must be >= 1"),
+    (["generate", "hi", "--json", "/no/such/folder/out.json"], "folder does not exist"),
+    (["bench", "--suite", "humaneval", "--json", "o.json", "--methods", "greedy,beam"],
+     "unknown method(s) ['beam']"),
+    (["bench", "--suite", "nope", "--json", "o.json"], "invalid choice: 'nope'"),
+    (["bench", "--json", "o.json"], "one of the arguments --prompts --suite is required"),
+    (["bench", "--suite", "humaneval"], "the following arguments are required: --json"),
+    (["bench", "--suite", "humaneval", "--json", "o.json", "--limit", "0"], "must be >= 1"),
+    (["trace", "summarize", "/no/such/trace.jsonl"], "No such file"),
+])
+def test_bad_flags_fail_before_loading(argv, match, capsys, no_model):
+    _fails(argv, capsys, match)
+
+
+def test_bad_prompt_files_fail_before_loading(tmp_path, capsys, no_model):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    _fails(["bench", "--prompts", str(empty), "--json", str(tmp_path / "o.json")], capsys,
+           "no conversations")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1, "turns": ["ok"]}\n{"id": 2, "turns": [}\n')
+    _fails(["bench", "--prompts", str(bad), "--json", str(tmp_path / "o.json")], capsys,
+           "bad.jsonl, line 2: invalid JSON")
+    _fails(["bench", "--prompts", str(tmp_path / "missing.jsonl"), "--json",
+            str(tmp_path / "o.json")], capsys, "missing.jsonl")
+
+
+def test_eagle3_unavailable_or_too_deep_fails_before_loading(monkeypatch, capsys, no_model):
+    def missing():
+        raise bench.DrafterUnavailableError("the eagle3 drafter is not part of this "
+                                            "installation")
+
+    monkeypatch.setattr(bench, "load_eagle3", missing)
+    _fails(["generate", "hi", "--drafter", "eagle3"], capsys, "eagle3 drafter is not part")
+    _fails(["bench", "--suite", "humaneval", "--methods", "eagle3", "--json", "o.json"], capsys,
+           "eagle3 drafter is not part")
+
+    @dataclasses.dataclass(frozen=True)
+    class FiveDeep:
+        name: str = "eagle3"
+        feature_layers: tuple = ()
+
+        @property
+        def max_depth(self):
+            return 5
+
+    monkeypatch.setattr(bench, "load_eagle3", lambda: (FiveDeep(), None))
+    _fails(["generate", "hi", "--drafter", "eagle3", "--depth", "9"], capsys,
+           "depth 9 is above the eagle3 drafter's maximum 5")
+
+
+def test_generate_on_a_tiny_teacher(teacher, tmp_path, capsys):
+    out, trace_path = tmp_path / "g.json", tmp_path / "t.jsonl"
+    status = cli.main(["generate", "abcabcabc", "--drafter", "ngram", "--max-new-tokens", "10",
+                       "--budget", "4", "--depth", "3", "--json", str(out),
+                       "--trace", str(trace_path)], teacher=teacher, renderer=ToyRenderer())
+    assert status == 0
+    captured = capsys.readouterr()
+    assert "tokens/s, accepted length" in captured.out
+    record = json.loads(out.read_text())
+    for key in ("prompt_ids", "tokens", "text", "new_tokens", "seconds", "tokens_per_s",
+                "rounds", "accepted_length"):
+        assert key in record
+    assert record["prompt_ids"] == ToyRenderer().encode([{"role": "user",
+                                                          "content": "abcabcabc"}])
+    assert record["text"] == ToyRenderer().decode(record["tokens"])
+    assert record["new_tokens"] == len(record["tokens"])
+    assert record["accepted_length"] == pytest.approx(record["new_tokens"] / record["rounds"])
+    assert len(trace.read_trace(trace_path)) == record["rounds"]
+
+    assert cli.main(["trace", "summarize", str(trace_path)]) == 0
+    summary = capsys.readouterr().out
+    assert "verify" in summary and "accepted" in summary
+
+
+def test_generate_raw_and_default_drafter(teacher, capsys, monkeypatch):
+    def missing():
+        raise bench.DrafterUnavailableError("not here")
+
+    monkeypatch.setattr(bench, "load_eagle3", missing)
+    status = cli.main(["generate", "abc", "--raw", "--max-new-tokens", "4", "--budget", "4",
+                       "--depth", "3"], teacher=teacher, renderer=ToyRenderer())
+    assert status == 0
+    captured = capsys.readouterr()
+    assert "drafter: ngram (eagle3 unavailable: not here)" in captured.err
+    assert captured.out.splitlines()[-1].startswith("[ngram] 4 tokens")
+
+
+def test_bench_command_on_a_tiny_teacher(teacher, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "one", "turns": ["abcabc", "more"]}\n'
+                       '{"question_id": 2, "turns": ["xyz xyz"]}\n'
+                       '{"id": "three", "turns": ["never run"]}\n')
+    out = tmp_path / "bench.json"
+    status = cli.main(["bench", "--prompts", str(prompts), "--limit", "2", "--methods",
+                       "ngram", "--max-new-tokens", "8", "--budget", "4", "--depth", "3",
+                       "--json", str(out), "--no-progress"],
+                      teacher=teacher, renderer=ToyRenderer())
+    assert status == 0
+    report = json.loads(out.read_text())
+    assert [t["conversation_id"] for t in report["turns"]] == ["one", "one", "2"]
+    assert set(report["summary"]) == {"greedy", "ngram"}
+    for key in ("mean_tokens_per_s", "mean_speedup", "p50_speedup", "p99_speedup",
+                "mean_accepted_length", "identical_fraction"):
+        assert key in report["summary"]["ngram"]
+    assert report["summary"]["ngram"]["identical_fraction"] == 1.0
+    table = capsys.readouterr().out
+    assert "ngram" in table and "speed-up" in table
+
+
+def test_demo_turns_are_short_and_shipped():
+    conversations = cli.demo_conversations()
+    assert len(conversations) == 3
+    assert all(len(c.turns) == 1 for c in conversations)
+    assert [c.category for c in conversations][-1] == "humaneval"
+
+
+@pytest.mark.slow
+def test_generate_on_the_real_model(capsys):
+    status = cli.main(["generate", "What is the capital of France?", "--drafter", "ngram",
+                       "--max-new-tokens", "16"])
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "Paris" in out

@@ -1,0 +1,138 @@
+"""EAGLE-3 drafter: draft vocabulary, tree proposals (jit, NaN), losslessness, shipped head."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from eaglepangu_jax import tree as tree_lib
+from eaglepangu_jax.drafters import DRAFTERS, eagle3
+from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.drafter import DraftContext
+from eaglepangu_jax.engine.generate import Teacher, generate
+from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.init import random_params
+
+
+@given(st.lists(st.integers(0, 39), max_size=30), st.integers(3, 40))
+@settings(max_examples=40, deadline=None)
+def test_draft_vocab_is_always_distinct_and_valid(tokens, size):
+    counts = token_counts([tokens], 40)
+    vocab = build_vocab(counts, size, special_ids=(0, 1, 2))
+    d2t = vocab.d2t
+    assert d2t.shape == (size,) and len(set(d2t.tolist())) == size
+    assert d2t.min() >= 0 and d2t.max() < 40
+    assert set([0, 1, 2]) <= set(d2t.tolist())
+    distinct = set(tokens) - {0, 1, 2}
+    if len(distinct) + 3 <= size:
+        assert distinct <= set(d2t.tolist()) and (vocab.coverage == 1.0 or not tokens)
+    t2d = vocab.t2d()
+    assert np.array_equal(t2d[d2t], np.arange(size))
+
+
+def test_draft_vocab_orders_by_frequency_and_rejects_bad_sizes():
+    counts = np.zeros(10, np.int64)
+    counts[[7, 4, 5]] = [5, 9, 1]
+    vocab = build_vocab(counts, 5, special_ids=(0, 2))
+    assert vocab.d2t.tolist() == [0, 2, 4, 7, 5]
+    assert vocab.coverage == 1.0
+    with pytest.raises(ValueError, match="size"):
+        build_vocab(counts, 11)
+    with pytest.raises(ValueError, match="size"):
+        build_vocab(counts, 1, special_ids=(0, 1))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = LlamaConfig.tiny()
+    params = random_params(cfg, jax.random.key(0))
+    head_cfg = eagle3.Eagle3Config.for_teacher(cfg, 24)
+    d2t = jnp.asarray((np.arange(24) * 4) % cfg.vocab_size, jnp.int32)
+    head = eagle3.init_head(head_cfg, jax.random.key(1), embed=params["embed"], d2t=d2t)
+    return cfg, params, head_cfg, eagle3.make_params(head, params["embed"], d2t)
+
+
+def _context(cfg, head_cfg, num_tokens=9, capacity=32, depth=4):
+    tokens = jnp.asarray(np.arange(capacity) % 50 + 3, jnp.int32)
+    feats = jax.random.normal(jax.random.key(5), (depth + 1, len(head_cfg.feature_layers),
+                                                  cfg.hidden_size), jnp.float32)
+    return DraftContext(tokens=tokens, num_tokens=jnp.int32(num_tokens), features=feats,
+                        num_features=jnp.int32(3))
+
+
+@pytest.mark.parametrize("poison", ["none", "lm_head_row", "everything"])
+def test_propose_gives_a_valid_tree_under_jit_even_with_nan(tiny, poison):
+    cfg, _, head_cfg, params = tiny
+    drafter = eagle3.Eagle3Drafter(config=head_cfg, budget=10, depth=4, top_k=3)
+    head = dict(params["head"])
+    if poison == "lm_head_row":
+        head["lm_head"] = head["lm_head"].at[:, 5].set(jnp.nan)
+    elif poison == "everything":
+        head["fc"] = jnp.full_like(head["fc"], jnp.nan)
+    params = {**params, "head": head}
+    ctx = _context(cfg, head_cfg)
+
+    @jax.jit
+    def run(params, ctx):
+        state = drafter.init_state(params, ctx)
+        return drafter.propose(params, state, ctx, jax.random.key(0)).tree
+
+    tree = run(params, ctx)
+    assert tree.num_slots == 11 and tree.max_depth == 4
+    assert bool(tree_lib.is_valid(tree))
+    assert int(tree.tokens[0]) == int(ctx.tokens[8])
+    valid = np.asarray(tree.valid)
+    nodes = np.asarray(tree.tokens)[1:][valid[1:]]
+    assert set(nodes.tolist()) <= set(np.asarray(params["d2t"]).tolist())
+    if poison == "none":
+        assert valid.all()
+        # Scores never rise along a path and the depth reaches past one level.
+        parents = np.asarray(tree.parents)
+        score = np.asarray(tree.logscore)
+        assert all(score[i] <= score[parents[i]] for i in range(1, 11))
+        assert int(np.asarray(tree.depth).max()) >= 2
+    if poison == "everything":
+        assert valid.tolist() == [True] + [False] * 10
+
+
+def test_registered_and_validates():
+    assert DRAFTERS["eagle3"] is eagle3.Eagle3Drafter
+    head_cfg = eagle3.Eagle3Config.for_teacher(LlamaConfig.tiny(), 8)
+    with pytest.raises(ValueError, match="top_k"):
+        eagle3.Eagle3Drafter(config=head_cfg, top_k=9)
+    with pytest.raises(ValueError, match="budget"):
+        eagle3.Eagle3Drafter(config=head_cfg, budget=0)
+
+
+def test_generation_with_eagle3_equals_greedy(tiny):
+    cfg, params, head_cfg, dparams = tiny
+    teacher = Teacher(cfg, params)
+    drafter = eagle3.Eagle3Drafter(config=head_cfg, budget=6, depth=3, top_k=2)
+    spec = SpecConfig(policy="drafter", budget=6, depth=3, max_new_tokens=24)
+    for prompt in ([5, 9, 13, 17, 21, 25, 29], [7]):
+        plain = generate(teacher, None, prompt, spec)
+        spec_out = generate(teacher, drafter, prompt, spec, draft_params=dparams)
+        assert spec_out.tokens == plain.tokens
+        assert spec_out.stats.rounds <= plain.stats.rounds
+
+
+@pytest.mark.slow
+def test_shipped_head_on_real_teacher_is_lossless_and_accepts():
+    from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
+
+    cfg, params = smollm2.load_smollm2()
+    teacher = Teacher(cfg, llama.prepare_params(params))
+    drafter, dparams = eagle3.load_shipped_eagle3(params, budget=16, depth=6, top_k=4)
+    tok = tokenizer.load_tokenizer()
+    prompt = chat.encode_chat(tok, [{"role": "user", "content": "What is the capital of France?"}])
+    spec = SpecConfig(policy="drafter", budget=16, depth=6, max_new_tokens=32)
+    plain = generate(teacher, None, prompt, spec)
+    out = generate(teacher, drafter, prompt, spec, draft_params=dparams)
+    assert out.tokens == plain.tokens
+    assert out.stats.accepted_length > 1.0
