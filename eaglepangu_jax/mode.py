@@ -6,8 +6,10 @@
 * ``reference``: invariant checks run inside jitted code (``jax.experimental.checkify``) and
   raise a clear error naming the first bad node; the eager attention path is used.
 
-The mode is read at *trace* time: a function jitted in one mode keeps that mode's behaviour.
-Use :func:`checked` around a function that may emit checks so that it raises in reference mode.
+The mode is read at *trace* time: a function jitted in one mode keeps that mode's behaviour,
+and two ``jax.jit`` wrappers of the same function share one trace cache, so put the mode in the
+static arguments of anything jitted (the engine's ``StepStatic`` does). Use :func:`checked`
+around a jitted function that may emit checks so that they raise in reference mode.
 """
 
 from __future__ import annotations

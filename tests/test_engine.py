@@ -269,3 +269,12 @@ def test_reference_and_performance_modes_agree(teacher, monkeypatch):
     checked = gen.generate(teacher, drafter, PROMPT, spec)
     assert fast.tokens == checked.tokens == expected
     assert fast.stats.accepted_per_round == checked.stats.accepted_per_round
+
+
+def test_reference_mode_raises_on_a_broken_drafter_tree(teacher, monkeypatch):
+    spec = SpecConfig(budget=5, depth=3, max_new_tokens=4, eos_id=NO_EOS)
+    monkeypatch.setenv("EAGLEPANGU_MODE", "performance")
+    gen.generate(teacher, GarbageDrafter(5, 3), PROMPT, spec)  # repaired, runs
+    monkeypatch.setenv("EAGLEPANGU_MODE", "reference")
+    with pytest.raises(Exception, match="invalid tree: invariant"):
+        gen.generate(teacher, GarbageDrafter(5, 3), PROMPT, spec)

@@ -1,4 +1,4 @@
-"""Greedy acceptance: literal cases, a naive-walk oracle, plain decoding, jit/vmap, hostile input."""
+"""Greedy acceptance: literal cases, a naive-walk oracle, plain decoding, jit/vmap, bad input."""
 
 import dataclasses
 import functools

@@ -176,7 +176,8 @@ def simulate(seed, temperature, top_p, how, verify_with_q, without_replacement=T
     """First two emitted tokens per sample: from round 1, or round 1's bonus + round 2."""
     keys = jax.random.split(jax.random.key(seed), (2, SAMPLES))
     kwargs = dict(how=jnp.int32(HOW[how]), temperature=jnp.float32(temperature),
-                  top_p=jnp.float32(top_p), verify_with_q=verify_with_q, without_replacement=without_replacement)
+                  top_p=jnp.float32(top_p), verify_with_q=verify_with_q,
+                  without_replacement=without_replacement)
     roots = jnp.full((SAMPLES,), ROOT_TOKEN, jnp.int32)
     first = one_round(roots, keys[0], **kwargs)
     second = one_round(first.tokens[:, 0], keys[1], **kwargs)  # same shapes: no recompile

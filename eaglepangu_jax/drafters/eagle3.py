@@ -119,6 +119,13 @@ def init_head(config: Eagle3Config, key: Array, *, embed: Float[Array, "V H"] | 
             head[name] = scale * jax.random.normal(keys[name], shape, jnp.float32)
     if embed is not None and d2t is not None:
         head["lm_head"] = jnp.asarray(embed, jnp.float32)[jnp.asarray(d2t, jnp.int32)].T
+        # Start as the teacher's "logit lens" of the highest tapped layer: fc passes that layer
+        # through and the residual branches start small, so the first predictions come from
+        # a meaningful residual stream at the right scale instead of a random projection.
+        h = config.hidden_size
+        head["fc"] = head["fc"].at[-h:].add(jnp.eye(h, dtype=jnp.float32))
+        head["wo"] = jnp.float32(0.1) * head["wo"]
+        head["w_down"] = jnp.float32(0.1) * head["w_down"]
     if final_norm is not None:
         head["final_norm"] = jnp.asarray(final_norm, jnp.float32)
     return head

@@ -38,6 +38,9 @@ class StepStatic:
     spec: SpecConfig
     window: int  # attention window W: verify reads cache slots [0, W)
     eos_id: int
+    # The mode is read at trace time; keeping it in the static key stops a step traced in one
+    # mode from being reused from the jit cache in the other.
+    reference: bool = dataclasses.field(default_factory=mode.is_reference)
 
     @property
     def tree_slots(self) -> int:

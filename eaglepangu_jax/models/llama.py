@@ -78,16 +78,12 @@ def forward(
     _check_shapes(params, tokens, positions, cache, mask, config, feature_layers)
     cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
     x = params["embed"][tokens]
-    k_all, v_all = cache.k, cache.v
-    taps = {}
-    # A Python loop unrolled at trace time, not lax.scan: a scan's per-step dynamic slice
-    # of each stacked weight is a copy, and so is a static slice (see module docstring).
-    for i in range(config.num_layers):
-        x, k_all, v_all = _decoder_layer(
-            x, layer_params(params, i), i, k_all, v_all, cache.length, cos, sin, mask, config
-        )
-        if i in feature_layers:
-            taps[i] = x
+    if is_prepared(params):
+        x, k_all, v_all, taps = _layers_unrolled(params, x, cache, cos, sin, mask, config,
+                                                 feature_layers)
+    else:
+        x, k_all, v_all, taps = _layers_scanned(params, x, cache, cos, sin, mask, config,
+                                                feature_layers)
     if feature_layers:
         features = jnp.stack([taps[i] for i in feature_layers], axis=1)
     else:
@@ -95,6 +91,37 @@ def forward(
     h = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     logits = _lm_head(h, params)
     return logits, features, dataclasses.replace(cache, k=k_all, v=v_all)
+
+
+def _layers_unrolled(params, x, cache, cos, sin, mask, config, feature_layers):
+    """Prepared layout: a Python loop over per-layer weights, each read in place."""
+    k_all, v_all = cache.k, cache.v
+    taps = {}
+    for i in range(config.num_layers):
+        x, k_all, v_all = _decoder_layer(x, params["layers"][i], jnp.int32(i), k_all, v_all,
+                                         cache.length, cos, sin, mask, config)
+        if i in feature_layers:
+            taps[i] = x
+    return x, k_all, v_all, taps
+
+
+def _layers_scanned(params, x, cache, cos, sin, mask, config, feature_layers):
+    """Stacked layout: ``lax.scan`` over the layer axis. Its per-layer weight slices are
+    copies, but so are an unrolled loop's static slices of stacked arrays, and the scan
+    compiles one layer instead of ``L``."""
+    stacked = {name: params["layers"][name] for name in LAYER_KEYS}
+
+    def body(carry, xs):
+        x, k_all, v_all = carry
+        layer, i = xs
+        x, k_all, v_all = _decoder_layer(x, layer, i, k_all, v_all, cache.length, cos, sin,
+                                         mask, config)
+        return (x, k_all, v_all), (x if feature_layers else None)
+
+    layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
+    (x, k_all, v_all), outs = jax.lax.scan(body, (x, cache.k, cache.v), (stacked, layer_ids))
+    taps = {i: outs[i] for i in feature_layers}
+    return x, k_all, v_all, taps
 
 
 def prepare_params(params: dict) -> dict:
@@ -177,11 +204,12 @@ def _attention(h, layer, i, k_all, v_all, start, cos, sin, mask, config):
     k = apply_rope((h @ layer["wk"]).reshape(t, n_kv, dh), cos, sin)
     v = (h @ layer["wv"]).reshape(t, n_kv, dh)
     zero = jnp.zeros((), jnp.int32)
-    at = (jnp.int32(i), start.astype(jnp.int32), zero, zero)
+    at = (i, start.astype(jnp.int32), zero, zero)
     k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), at)
     v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
-    keys = k_all[i, :window].astype(q.dtype)  # [W, K, Dh]
-    values = v_all[i, :window].astype(q.dtype)
+    size = (1, window, n_kv, dh)
+    keys = jax.lax.dynamic_slice(k_all, (i, zero, zero, zero), size)[0].astype(q.dtype)
+    values = jax.lax.dynamic_slice(v_all, (i, zero, zero, zero), size)[0].astype(q.dtype)
     # Query head j reads kv head j // group (each kv head serves a consecutive group).
     qg = q.reshape(t, n_kv, group, dh)
     scores = jnp.einsum("tkgd,wkd->kgtw", qg, keys, preferred_element_type=jnp.float32)

@@ -83,6 +83,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # some writers create private files; these are shared data
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
