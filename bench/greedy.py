@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = measure_bandwidth()
     weight_bytes = _streamed_bytes(params)
     result = {
+        # The machine may be shared: the load average says how much the numbers can be trusted.
+        "load_average_start": os.getloadavg()[0],
         "bandwidth_gb_s": bandwidth / 1e9,
         "weight_bytes": weight_bytes,
         "floor_ms_per_token": 1e3 * weight_bytes / bandwidth,
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verify_curve:
         result["verify_curve"] = verify_curve(params, config, args.contexts, args.nodes,
                                               args.repeats_verify)
+    result["load_average_end"] = os.getloadavg()[0]
     _print_report(result)
     if args.json:
         _write_json(args.json, result)
@@ -70,7 +73,7 @@ def _streamed_bytes(params: dict) -> int:
 
 def _greedy_rows(args, config, params) -> list[dict]:
     prompts = _prompts(args.mtbench, args.humaneval)
-    model = _load_transformers()
+    model = _load_transformers(args.torch_threads)
     rows = []
     for name, ids in prompts:
         # Warm-up run of both: compilation (JAX) and allocator warm-up (torch) are not timed.
@@ -151,10 +154,12 @@ def _prompts(n_mtbench: int, n_humaneval: int) -> list[tuple[str, list[int]]]:
             for c in chosen]
 
 
-def _load_transformers():
+def _load_transformers(threads: int | None):
     import torch  # the reference stack stays at the edge: imported only here
     import transformers
 
+    if threads:
+        torch.set_num_threads(threads)
     path = smollm2.find_smollm2_gguf()
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32)
@@ -189,7 +194,9 @@ def _timed(fn) -> float:
 
 def _print_report(result: dict) -> None:
     floor = result["floor_ms_per_token"]
-    print(f"\nbandwidth {result['bandwidth_gb_s']:.1f} GB/s, weights streamed per token "
+    print(f"\nload average {result['load_average_start']:.1f} -> "
+          f"{result['load_average_end']:.1f}; "
+          f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s, weights streamed per token "
           f"{result['weight_bytes'] / 1e6:.0f} MB, floor {floor:.1f} ms/token")
     if "greedy" in result:
         print("\n| prompt | P | new | JAX tok/s | HF tok/s | ratio | JAX ms/tok | HF ms/tok "
@@ -235,6 +242,7 @@ def _parse_args(argv):
     p.add_argument("--contexts", type=_int_list, default=[128, 512, 1024])
     p.add_argument("--nodes", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--repeats-verify", type=int, default=3)
+    p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's)")
     p.add_argument("--json", help="write the results here (atomically)")
     return p.parse_args(argv)
 

@@ -46,7 +46,10 @@ examples:
       --methods greedy,ngram --json bench.json
   eaglepangu bench --prompts my_prompts.jsonl --json bench.json
   eaglepangu demo
+  eaglepangu --no-compile-cache demo
 
+Compiled programs are kept on disk (see --compile-cache), so the first run of a command
+compiles for a while and later runs start quickly.
 Run 'eaglepangu COMMAND --help' for the options of one command.
 """
 
@@ -97,8 +100,8 @@ def _add_tree_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> Non
                         f"{bench.DEFAULT_BUDGET} (with --policy auto: the ceiling under which "
                         f"the controller chooses each round)")
     p.add_argument("--depth", type=_positive, default=None, metavar="D",
-                   help=f"deepest tree node (default: {bench.DEFAULT_DEPTH}, or the drafter's "
-                        f"maximum if lower)")
+                   help=f"deepest tree node (default: {bench.DEFAULT_DEPTH} for ngram, the "
+                        f"shipped head's own depth for eagle3)")
     p.add_argument("--policy", choices=POLICIES, default="drafter",
                    help="tree shape: 'drafter' = the drafter's own tree; 'best_first' = the "
                         "top-budget prefixes of per-depth marginals; 'auto' = best-first with "
@@ -110,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``eaglepangu`` (all sub-commands)."""
     parser = argparse.ArgumentParser(prog="eaglepangu", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    cache = parser.add_mutually_exclusive_group()
+    cache.add_argument("--compile-cache", metavar="DIR", default=None,
+                       help="keep compiled XLA programs in DIR, so that later runs skip "
+                            "compilation (default: the 'xla' folder of the weights cache, "
+                            "$EAGLEPANGU_CACHE or ~/.cache/eaglepangu)")
+    cache.add_argument("--no-compile-cache", dest="compile_cache", action="store_const",
+                       const="", help="compile everything afresh, keep nothing")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     g = sub.add_parser(
@@ -190,8 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
 # ----------------------------------------------------------------------------- checks
 
 
-def _depth_and_clamp(args: argparse.Namespace) -> tuple[int, bool]:
-    """The depth asked for, and whether it may be lowered to a drafter's maximum."""
+def _depth(args: argparse.Namespace) -> tuple[int, bool]:
+    """The depth to use, and whether it is a default (see ``bench.make_method``)."""
     if args.depth is None:
         return bench.DEFAULT_DEPTH, True
     return args.depth, False
@@ -199,7 +209,7 @@ def _depth_and_clamp(args: argparse.Namespace) -> tuple[int, bool]:
 
 def _spec(parser: argparse.ArgumentParser, args: argparse.Namespace, **extra: Any
           ) -> SpecConfig:
-    depth, _ = _depth_and_clamp(args)
+    depth, _ = _depth(args)
     budget = bench.DEFAULT_BUDGET if args.budget == "auto" else args.budget
     try:
         return SpecConfig(policy=args.policy, budget=budget, depth=depth,
@@ -214,10 +224,10 @@ def _writable(parser: argparse.ArgumentParser, path: str | None, what: str) -> N
         parser.error(f"cannot write the {what} {path}: its folder does not exist")
 
 
-def _method(parser: argparse.ArgumentParser, name: str, spec: SpecConfig, clamp: bool
+def _method(parser: argparse.ArgumentParser, name: str, spec: SpecConfig, default: bool
             ) -> bench.Method:
     try:
-        return bench.make_method(name, spec, clamp_depth=clamp)
+        return bench.make_method(name, spec, default_depth=default)
     except (ValueError, bench.DrafterUnavailableError) as err:
         parser.error(str(err))
     raise AssertionError("unreachable")
@@ -243,6 +253,22 @@ def load_renderer() -> bench.ChatRenderer:
     return bench.ChatRenderer(load_tokenizer())
 
 
+def enable_compile_cache(path: str | None) -> None:
+    """Turn on JAX's persistent compilation cache in ``path`` (default folder if ``None``;
+    off if empty). Compiling the decode loop takes tens of seconds per shape on a small CPU;
+    with the cache a second run of the same command reads the programs back."""
+    if path == "":
+        return
+    import jax
+
+    from eaglepangu_jax.models import weights_cache
+
+    folder = Path(path) if path is not None else weights_cache.resolve_cache_dir() / "xla"
+    folder.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def _note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -259,18 +285,18 @@ def cmd_generate(parser, args, teacher=None, renderer=None) -> int:
     spec = _spec(parser, args, **sampling)
     _writable(parser, args.json, "JSON output")
     _writable(parser, args.trace, "trace")
-    _, clamp = _depth_and_clamp(args)
+    _, default = _depth(args)
     name = args.drafter
     if name is None:
         try:
-            method = bench.make_method("eagle3", spec, clamp_depth=clamp)
+            method = bench.make_method("eagle3", spec, default_depth=default)
         except (ValueError, bench.DrafterUnavailableError) as err:
             _note(f"drafter: ngram (eagle3 unavailable: {err})")
-            method = _method(parser, "ngram", spec, clamp)
+            method = _method(parser, "ngram", spec, default)
         else:
             _note("drafter: eagle3 (shipped weights)")
     else:
-        method = _method(parser, "greedy" if name == "none" else name, spec, clamp)
+        method = _method(parser, "greedy" if name == "none" else name, spec, default)
         _note(f"drafter: {name}")
 
     teacher = teacher if teacher is not None else load_teacher()
@@ -344,11 +370,11 @@ def cmd_bench(parser, args, teacher=None, renderer=None) -> int:
     spec = _spec(parser, args)
     _writable(parser, args.json, "report")
     conversations = _conversations(parser, args)
-    _, clamp = _depth_and_clamp(args)
-    methods = [_method(parser, name, spec, clamp) for name in names]
+    _, default = _depth(args)
+    methods = [_method(parser, name, spec, default) for name in names]
     if args.methods is None:
         try:
-            methods.insert(1, bench.make_method("eagle3", spec, clamp_depth=clamp))
+            methods.insert(1, bench.make_method("eagle3", spec, default_depth=default))
         except (ValueError, bench.DrafterUnavailableError) as err:
             _note(f"methods: greedy, ngram (eagle3 unavailable: {err})")
     report = _run(methods, conversations, teacher, renderer, args.progress)
@@ -395,7 +421,7 @@ def cmd_demo(parser, args, teacher=None, renderer=None) -> int:
                       max_new_tokens=DEMO_MAX_NEW_TOKENS)
     methods = [bench.make_method("greedy", spec)]
     try:
-        methods.append(bench.make_method("eagle3", spec, clamp_depth=True))
+        methods.append(bench.make_method("eagle3", spec, default_depth=True))
         _note("shipped drafter: eagle3")
     except (ValueError, bench.DrafterUnavailableError) as err:
         _note(f"shipped drafter: ngram (eagle3 unavailable: {err})")
@@ -427,6 +453,8 @@ def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: An
     parser = build_parser()
     args = parser.parse_args(argv)
     sub = args.command_parser  # errors name the sub-command's usage
+    if args.command != "trace":
+        enable_compile_cache(args.compile_cache)
     if args.command == "generate":
         return cmd_generate(sub, args, teacher, renderer)
     if args.command == "bench":

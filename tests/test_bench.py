@@ -210,9 +210,12 @@ def test_make_method_depth_against_drafter_maximum():
     deep = SpecConfig(budget=6, depth=8)
     with pytest.raises(ValueError, match="depth 8 is above the eagle3 drafter's maximum 4"):
         bench.make_method("eagle3", deep, eagle3_loader=lambda: (Capped(), None))
-    clamped = bench.make_method("eagle3", deep, clamp_depth=True,
+    default = bench.make_method("eagle3", deep, default_depth=True,
                                 eagle3_loader=lambda: (Capped(), None))
-    assert clamped.spec.depth == 4
+    assert default.spec.depth == 4
+    # A shipped drafter keeps its own depth when the user chose none.
+    own = bench.make_method("eagle3", deep, default_depth=True, eagle3_loader=loader)
+    assert own.spec.depth == 4 and own.drafter.depth == 4 and own.drafter.budget == 6
 
 
 def test_eagle3_absence_is_a_clear_error(monkeypatch):

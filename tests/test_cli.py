@@ -18,6 +18,14 @@ from test_bench import ToyRenderer
 CFG = LlamaConfig.tiny(vocab_size=61, max_position=512)
 
 
+@pytest.fixture(autouse=True)
+def no_compile_cache(monkeypatch):
+    """In-process runs must not switch on the persistent compilation cache for the session."""
+    seen = []
+    monkeypatch.setattr(cli, "enable_compile_cache", seen.append)
+    return seen
+
+
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if anything tries to load the real model or tokenizer."""
@@ -186,3 +194,10 @@ def test_generate_on_the_real_model(capsys):
     assert status == 0
     out = capsys.readouterr().out
     assert "Paris" in out
+
+
+@pytest.mark.parametrize("flags,expected", [([], None), (["--no-compile-cache"], ""),
+                                            (["--compile-cache", "/somewhere"], "/somewhere")])
+def test_compile_cache_flag(flags, expected, no_compile_cache, capsys, no_model):
+    _fails(flags + ["generate", "hi", "--temperature", "-1"], capsys, "temperature")
+    assert no_compile_cache == [expected]

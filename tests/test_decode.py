@@ -29,11 +29,16 @@ def uncached_logits(params):
 
     def run(tokens, feature_layers=()):
         t = len(tokens)
-        mask = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
-        cache = kv_cache.init(CONFIG.num_layers, t, CONFIG.num_kv_heads, CONFIG.head_dim)
-        logits, feats, _ = fwd(params, jnp.asarray(tokens, jnp.int32), jnp.arange(t), cache,
-                               mask, config=CONFIG, feature_layers=feature_layers)
-        return np.asarray(logits), np.asarray(feats)
+        # Right-padded to a multiple of 32 (few compiled shapes): causal rows never see the
+        # padding after them.
+        width = -(-t // 32) * 32
+        padded = np.zeros(width, np.int32)
+        padded[:t] = tokens
+        mask = jnp.arange(width)[None, :] <= jnp.arange(width)[:, None]
+        cache = kv_cache.init(CONFIG.num_layers, width, CONFIG.num_kv_heads, CONFIG.head_dim)
+        logits, feats, _ = fwd(params, jnp.asarray(padded), jnp.arange(width), cache, mask,
+                               config=CONFIG, feature_layers=feature_layers)
+        return np.asarray(logits)[:t], np.asarray(feats)[:t]
 
     return run
 
@@ -143,3 +148,18 @@ def test_verify_window_must_cover_the_tree(params, reference_mode):
         decode.verify_forward(params, CONFIG, tokens, tokens + 14, cache, mask, window=16)
     with pytest.raises(ValueError, match="window=65"):
         decode.verify_forward(params, CONFIG, tokens, tokens + 14, cache, mask, window=65)
+
+
+def test_verify_does_not_recompile_for_new_values(params):
+    def run(tokens, length):
+        cache = kv_cache.KVCache(k=_cache(64).k, v=_cache(64).v, length=jnp.int32(length))
+        positions = length + jnp.arange(4)
+        mask = jnp.arange(64)[None, :] <= positions[:, None]
+        return decode.verify_forward(params, CONFIG, jnp.asarray(tokens, jnp.int32),
+                                     positions, cache, mask, window=32)
+
+    run([1, 2, 3, 4], 3)
+    size = decode._verify_jit._cache_size()
+    logits, _, cache = run([5, 6, 7, 8], 20)
+    assert decode._verify_jit._cache_size() == size
+    assert int(cache.length) == 20 and np.isfinite(np.asarray(logits)).all()

@@ -12,7 +12,7 @@ from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.engine import generate as gen
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.drafter import Proposal
+from eaglepangu_jax.engine.drafter import Proposal, StatelessDrafter
 from eaglepangu_jax.models import llama
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.models.config import LlamaConfig
@@ -46,7 +46,7 @@ def naive_greedy(teacher, prompt, n):
 
 
 @dataclasses.dataclass(frozen=True)
-class OracleTreeDrafter:
+class OracleTreeDrafter(StatelessDrafter):
     """Knows the true greedy continuation; hides it on a random branch among decoys and
     corrupts it at a random depth, so commits must reorder slots and acceptance varies."""
 
@@ -55,17 +55,6 @@ class OracleTreeDrafter:
     budget: int
     depth: int
     name: str = "oracle"
-    feature_layers: tuple[int, ...] = ()
-
-    @property
-    def max_depth(self):
-        return self.depth
-
-    def init_state(self, params, context):
-        return None
-
-    def update(self, params, state, context):
-        return state
 
     def propose(self, params, state, context, key):
         k1, k2, k3 = jax.random.split(key, 3)
@@ -84,23 +73,12 @@ class OracleTreeDrafter:
 
 
 @dataclasses.dataclass(frozen=True)
-class GarbageDrafter:
+class GarbageDrafter(StatelessDrafter):
     """Hostile drafter: NaN scores, out-of-range parents and tokens."""
 
     budget: int
     depth: int
     name: str = "garbage"
-    feature_layers: tuple[int, ...] = ()
-
-    @property
-    def max_depth(self):
-        return self.depth
-
-    def init_state(self, params, context):
-        return None
-
-    def update(self, params, state, context):
-        return state
 
     def propose(self, params, state, context, key):
         n = self.budget + 1
@@ -199,7 +177,7 @@ def test_bad_input_before_work(teacher):
 
 
 @dataclasses.dataclass(frozen=True)
-class OracleMarginalDrafter:
+class OracleMarginalDrafter(StatelessDrafter):
     """A block-style drafter: per-depth log-marginals that favour the true continuation at
     odd depths and a wrong token at even ones (so acceptance stops at varying depths)."""
 
@@ -207,17 +185,6 @@ class OracleMarginalDrafter:
     prompt_len: int
     depth: int
     name: str = "oracle-marginals"
-    feature_layers: tuple[int, ...] = ()
-
-    @property
-    def max_depth(self):
-        return self.depth
-
-    def init_state(self, params, context):
-        return None
-
-    def update(self, params, state, context):
-        return state
 
     def propose(self, params, state, context, key):
         oracle = jnp.asarray(self.oracle + (0,) * (self.depth + 1), jnp.int32)

@@ -21,12 +21,14 @@ from npu_backend import branches, simulated  # noqa: E402
 from npu_backend.llama_torch import TorchLlama  # noqa: E402
 from npu_backend.runner import TorchTeacherRunner, generate_torch  # noqa: E402
 from npu_backend.simulated import AscendConstraintError, simulated_npu  # noqa: E402
+# The oracle drafter of the runner tests: accepted paths off the first chain.
+from test_npu_runner import OracleDrafter  # noqa: E402
 
 CFG = LlamaConfig.tiny(vocab_size=61, max_position=512)
 NO_EOS = -7
 PROMPT = [5, 9, 3, 5, 9, 3, 5, 9, 3, 7, 5, 9, 3, 5]
 SPEC = SpecConfig(budget=8, depth=4, max_new_tokens=24, eos_id=NO_EOS)
-DRAFTER = NGramDrafter(budget=8, depth=4, num_matches=4)
+NGRAM = NGramDrafter(budget=8, depth=4, num_matches=4)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,6 +45,16 @@ def params():
     p = random_params(CFG, jax.random.key(3))
     # Larger weights so the random teacher's greedy output is not constant.
     return jax.tree_util.tree_map(lambda x: x * 3.0 if x.ndim >= 2 else x, p)
+
+
+@pytest.fixture(scope="module")
+def oracle(params):
+    greedy = gen.generate(gen.Teacher(CFG, params), None, PROMPT, SPEC).tokens
+    return OracleDrafter(tuple(greedy), prompt_len=len(PROMPT))
+
+
+def _tensor(x):
+    return torch.from_numpy(np.array(x))
 
 
 def _example_tree():
@@ -135,23 +147,23 @@ def test_chain_forward_matches_tree_forward_and_commit(params):
     def prefilled(extra):
         kv = model.new_cache(width + extra)
         model.forward(torch.tensor(prompt), torch.arange(c), kv,
-                      torch.from_numpy(np.asarray(mask_lib.causal_mask(c, 0, width))))
+                      _tensor((mask_lib.causal_mask(c, 0, width))))
         kv.advance(c)
         return kv
 
     tree_kv = prefilled(0)
-    mask = torch.from_numpy(np.asarray(mask_lib.verify_mask(tree, c, width)))
-    positions = torch.from_numpy(np.asarray(tree_lib.positions(tree, c)))
-    tokens = torch.from_numpy(np.asarray(tree.tokens))
+    mask = _tensor((mask_lib.verify_mask(tree, c, width)))
+    positions = _tensor((tree_lib.positions(tree, c)))
+    tokens = _tensor((tree.tokens))
     expected, expected_feats = model.forward(tokens, positions, tree_kv, mask, (0, 2))
 
     chain_kv = prefilled(branches.scratch_slots(tree.num_slots, tree.max_depth))
-    chain_mask = torch.from_numpy(np.asarray(branches.branch_mask(length, c, t, width)))
+    chain_mask = _tensor((branches.branch_mask(length, c, t, width)))
     chain_pos = c + torch.arange(t).expand(b, t)
     logits, feats = branches.verify_branches(
-        model, chain_kv, tokens, torch.from_numpy(np.asarray(slots)), chain_pos, chain_mask,
+        model, chain_kv, tokens, _tensor((slots)), chain_pos, chain_mask,
         (0, 2), index_select=simulated.index_select)
-    rows = torch.from_numpy(np.asarray(branches.node_rows(tree, slots, length))).long()
+    rows = _tensor((branches.node_rows(tree, slots, length))).long()
     torch.testing.assert_close(logits.reshape(b * t, -1)[rows], expected, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(feats.reshape(b * t, 2, -1)[rows], expected_feats, atol=1e-4,
                                rtol=1e-4)
@@ -171,31 +183,43 @@ def test_commit_slots_rejects_out_of_range():
         branches.commit_slots(1, 5, 5)
 
 
-@pytest.mark.parametrize("spec", [
-    SPEC,
-    SpecConfig(budget=8, depth=4, max_new_tokens=24, eos_id=NO_EOS, acceptance="sample",
-               temperature=1.0, seed=5),
-], ids=["greedy", "sample"])
-def test_branches_mode_equals_tree_mode_and_jax(params, spec):
+SAMPLE = SpecConfig(budget=8, depth=4, max_new_tokens=24, eos_id=NO_EOS, acceptance="sample",
+                    temperature=1.0, seed=5)
+
+
+@pytest.mark.parametrize("which, spec", [("oracle", SPEC), ("ngram", SPEC),
+                                         ("oracle", SAMPLE)], ids=["oracle", "ngram", "sample"])
+def test_branches_mode_equals_tree_mode_and_jax(params, oracle, which, spec):
+    drafter = oracle if which == "oracle" else NGRAM
     model = TorchLlama(CFG, params, attention_impl="sdpa")
-    tree = generate_torch(model, DRAFTER, PROMPT, spec, mode="tree")
-    chains = generate_torch(model, DRAFTER, PROMPT, spec, mode="branches")
-    reference = gen.generate(gen.Teacher(CFG, params), DRAFTER, PROMPT, spec)
+    tree = generate_torch(model, drafter, PROMPT, spec, mode="tree")
+    chains = generate_torch(model, drafter, PROMPT, spec, mode="branches")
+    reference = gen.generate(gen.Teacher(CFG, params), drafter, PROMPT, spec)
     assert chains.tokens == tree.tokens == reference.tokens
     assert chains.stats.accepted_per_round == tree.stats.accepted_per_round
     assert chains.stats.nodes_per_round == tree.stats.nodes_per_round
-    assert sum(chains.stats.accepted_per_round) > 0  # the drafter did get tokens accepted
+    if which == "oracle":
+        assert sum(chains.stats.accepted_per_round) > 0
 
 
-def test_branches_mode_runs_clean_under_the_simulator(params):
+def test_branches_mode_runs_clean_under_the_simulator(params, oracle):
     model = TorchLlama(CFG, params, attention_impl="npu_fused")
-    runner = TorchTeacherRunner(model, DRAFTER, SPEC, mode="branches",
+    runner = TorchTeacherRunner(model, oracle, SPEC, mode="branches",
                                 index_select=simulated.index_select)
+    winners = []
     with simulated_npu() as npu:
-        result = runner.generate(PROMPT)
+        state, kv = runner.start(PROMPT)
+        while runner.running(state, kv):
+            state, info = runner.step(state, kv)
+            winners.append(info)
     assert npu.calls > 0
-    expected = gen.generate(gen.Teacher(CFG, params), DRAFTER, PROMPT, SPEC)
-    assert result.tokens == expected.tokens
+    assert any(r.moved > 0 for r in winners)  # some accepted chain was not chain 0
+    # Three paths make three leaves (two if a decoy merges), rounded up to a power of two.
+    assert {r.chains for r in winners} <= {2, 4} and any(r.chains == 4 for r in winners)
+    expected = gen.generate(gen.Teacher(CFG, params), oracle, PROMPT, SPEC)
+    new = np.asarray(state.tokens)[len(PROMPT): len(PROMPT) + SPEC.max_new_tokens]
+    assert new.tolist() == expected.tokens
+    assert int(state.rounds) == expected.stats.rounds
 
 
 def _minus_one_table(tree):
@@ -207,7 +231,7 @@ def _minus_one_table(tree):
 
 def test_minus_one_padded_branch_table_raises_in_the_strict_gather(params):
     model = TorchLlama(CFG, params, attention_impl="npu_fused")
-    runner = TorchTeacherRunner(model, DRAFTER, SPEC, mode="branches",
+    runner = TorchTeacherRunner(model, NGRAM, SPEC, mode="branches",
                                 index_select=simulated.index_select,
                                 branch_table=_minus_one_table)
     with simulated_npu(), pytest.raises(AscendConstraintError, match="negative"):

@@ -18,7 +18,7 @@ from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax import verify
 from eaglepangu_jax.engine import generate as gen
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.drafter import Proposal
+from eaglepangu_jax.engine.drafter import Proposal, StatelessDrafter
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -60,24 +60,13 @@ def _next_probs(teacher, ids):
 
 
 @dataclasses.dataclass(frozen=True)
-class FixedTree:
+class FixedTree(StatelessDrafter):
     """Deterministic children: a fixed tree over the likely tokens."""
 
     parents: tuple[int, ...]
     tokens: tuple[int, ...]
     depth: int = 2
     name: str = "fixed"
-    feature_layers: tuple[int, ...] = ()
-
-    @property
-    def max_depth(self):
-        return self.depth
-
-    def init_state(self, params, context):
-        return None
-
-    def update(self, params, state, context):
-        return state
 
     def propose(self, params, state, context, key):
         return Proposal(tree=tree_lib.from_parents(jnp.asarray(self.parents, jnp.int32),
@@ -86,7 +75,7 @@ class FixedTree:
 
 
 @dataclasses.dataclass(frozen=True)
-class SampledTree:
+class SampledTree(StatelessDrafter):
     """Sampled children: 3 root children drawn without replacement (Gumbel top-k) from q, and
     2 children of each drawn from a second q; ``draft_probs`` reports both laws."""
 
@@ -94,17 +83,6 @@ class SampledTree:
     q_child: tuple[float, ...]
     depth: int = 2
     name: str = "sampled"
-    feature_layers: tuple[int, ...] = ()
-
-    @property
-    def max_depth(self):
-        return self.depth
-
-    def init_state(self, params, context):
-        return None
-
-    def update(self, params, state, context):
-        return state
 
     def propose(self, params, state, context, key):
         q_root = jnp.asarray(self.q_root, jnp.float32)

@@ -77,3 +77,22 @@ class Drafter(Protocol):
 
     def update(self, params: Any, state: Any, context: DraftContext) -> Any:
         """New state after a round; ``context`` already holds the newly accepted tokens."""
+
+
+class StatelessDrafter:
+    """Defaults for drafters that keep no per-sequence state and read no teacher features.
+
+    Subclass it from a frozen dataclass with a ``depth`` field and write only ``propose``.
+    """
+
+    feature_layers: tuple[int, ...] = ()
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth  # type: ignore[attr-defined]
+
+    def init_state(self, params: Any, context: DraftContext) -> None:
+        return None
+
+    def update(self, params: Any, state: Any, context: DraftContext) -> Any:
+        return state

@@ -180,9 +180,10 @@ def verify_forward(
     region); ``cache.length`` is not advanced: commit the accepted path with the cache module.
 
     Args:
-        params: prepared parameters (stacked work, slower).
+        params: prepared parameters (stacked ones work, slower).
         config: the model.
-        tree_tokens: node tokens, the root (the last committed token's successor input) first.
+        tree_tokens: node tokens, root first (the newest emitted token, whose K/V is not in
+            the cache yet).
         tree_positions: node positions (committed length + depth).
         cache: donated.
         mask: True = may attend; columns are cache slots (prefix + tree, e.g. from the mask

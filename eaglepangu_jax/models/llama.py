@@ -14,11 +14,14 @@ is a static shape: one compilation per bucket.
 
 **Two parameter layouts**, same results:
 
-* the loaders' *stacked* layout (:class:`LlamaConfig` docstring, ``[L, ...]`` leaves);
-* the *prepared* layout of :func:`prepare_params` (one dict per layer, ``lm_head`` stored
-  ``[H, V]`` even when tied). XLA on CPU copies every static slice of a stacked weight before
-  its matrix product, which made a decode step ~4x slower than the memory-bandwidth floor;
-  per-layer arrays are read in place. Use it for anything repeated.
+* the loaders' *stacked* layout (:class:`LlamaConfig` docstring, ``[L, ...]`` leaves), run
+  with ``lax.scan`` over layers: compiles fast, but XLA on CPU copies each layer's weight
+  slice before its matrix product (about 2x the decode-step time of the prepared layout; an
+  unrolled loop over static slices copies too and was 4x);
+* the *prepared* layout of :func:`prepare_params` (a tuple of per-layer dicts, ``lm_head``
+  stored ``[H, V]`` even when tied), run as a Python loop unrolled at trace time: weights
+  are read in place, a decode step streams them once (near the memory-bandwidth floor);
+  compiling takes ~L times longer. Use it for anything repeated.
 
 Precision: matrix products run in the parameter dtype (float32, or bfloat16 for half the
 memory traffic); RMSNorm, rotary embedding, attention scores and softmax run in float32;
@@ -125,30 +128,25 @@ def _layers_scanned(params, x, cache, cos, sin, mask, config, feature_layers):
 
 
 def prepare_params(params: dict) -> dict:
-    """The prepared layout: ``{"embed": [V, H], "layers": (L dicts of per-layer weights, keys
-    as in the stacked layout without the leading axis), "final_norm": [H], "lm_head": [H, V]}``.
+    """Convert stacked parameters to the prepared layout (idempotent).
 
-    Idempotent. Copies the weights once (plus a transposed copy of tied embeddings, which
-    avoids a strided read of the ``[V, H]`` matrix in every step); keeps shardings of
-    unsharded inputs irrelevant (call :func:`eaglepangu_jax.models.sharding.shard_params`
-    for a mesh).
+    Layout: ``{"embed": [V, H], "layers": (L dicts with the stacked layout's layer keys,
+    without the leading axis), "final_norm": [H], "lm_head": [H, V]}``. Copies the weights
+    once; tied embeddings also get a transposed ``lm_head`` copy, because contracting the
+    ``[V, H]`` table on its minor axis ran at half the bandwidth of a plain ``[H, V]``
+    product.
     """
     if is_prepared(params):
         return params
     stacked = params["layers"]
     n_layers = stacked["wq"].shape[0]
-    # ``jnp.array(..., copy=True)`` makes each layer its own buffer (a slice view would keep
-    # the stacked array alive and, under jit, be re-sliced).
-    layers = tuple(
-        {name: jnp.array(stacked[name][i], copy=True) for name in LAYER_KEYS}
-        for i in range(n_layers)
-    )
-    lm_head = params["lm_head"] if "lm_head" in params else params["embed"].T
+    layers = tuple({name: stacked[name][i] for name in LAYER_KEYS} for i in range(n_layers))
+    lm_head = params["lm_head"] if "lm_head" in params else jnp.transpose(params["embed"])
     return {
         "embed": params["embed"],
         "layers": layers,
         "final_norm": params["final_norm"],
-        "lm_head": jnp.array(lm_head, copy=True),
+        "lm_head": lm_head,
     }
 
 
