@@ -4,7 +4,8 @@
   share the buffer for contiguous, suitably aligned tensors (torch's own allocations are; a
   view at an odd offset is copied by JAX).
 * NPU: torch_npu exports its tensors as an extension device that JAX cannot import, so NPU
-  tensors go through host memory (one device-to-host copy).
+  tensors go through host memory (one device-to-host copy). So do CUDA tensors when JAX has
+  no GPU backend (a CPU-only JAX beside a CUDA torch).
 * Booleans travel as ``uint8``: a one-byte integer is the most portable DLPack element type,
   and torch reinterprets it as ``bool`` without a copy (``Tensor.view``).
 
@@ -13,6 +14,7 @@ Only the dtypes of :data:`DTYPES` cross; anything else is refused with a ``TypeE
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -102,7 +104,7 @@ def to_jax(t: torch.Tensor) -> jax.Array:
         raise TypeError(f"to_jax expects a torch.Tensor, got {type(t).__name__}")
     dtype = jax_dtype(t.dtype)
     t = t.detach()
-    if t.device.type not in _DLPACK_DEVICES:
+    if t.device.type not in _DLPACK_DEVICES or not _jax_imports(t.device.type):
         t = t.cpu()
     t = t.contiguous()
     if t.dtype == torch.bool:
@@ -111,6 +113,17 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     if array.dtype != dtype:
         raise TypeError(f"DLPack produced {array.dtype} for a {t.dtype} tensor")
     return array
+
+
+@functools.cache
+def _jax_imports(device_type: str) -> bool:
+    """Whether JAX has a backend that can take a DLPack tensor of this torch device type."""
+    if device_type == "cpu":
+        return True
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:  # no GPU backend in this JAX build
+        return False
 
 
 def measure_roundtrip_overhead(

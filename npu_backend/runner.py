@@ -90,22 +90,23 @@ class RoundResult:
 def _plan(static: StepStatic, draft_params: Any, state: DecodeState, committed: jax.Array,
           verify_latency: jax.Array | None, *, window: int, branches: bool,
           table: BranchTable) -> RoundPlan:
+    """Draft, tree and the verify inputs: the tree mask, or the chains and their mask."""
     key, draft_key, accept_key = jax.random.split(state.key, 3)  # as speculative_step
     tree, n_nodes, proposal = propose_tree(static, draft_params, state, draft_key,
                                            verify_latency)
-    plan = RoundPlan(tree=tree, num_nodes=n_nodes, proposal=proposal, key=key,
-                     accept_key=accept_key, positions=tree_lib.positions(tree, committed),
-                     mask=mask_lib.verify_mask(tree, committed, window))
-    if not branches:
-        return plan
-    slots, length = table(tree)
-    t = slots.shape[1]
-    positions = committed + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), slots.shape)
-    return dataclasses.replace(
-        plan, positions=positions,
-        mask=branches_lib.branch_mask(length, committed, t, window), branch_slots=slots,
-        rows=branches_lib.node_rows(tree, slots, length),
-        used=jnp.sum(length > 0).astype(jnp.int32))
+    if branches:
+        slots, length = table(tree)
+        t = slots.shape[1]
+        inputs = dict(
+            positions=committed + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), slots.shape),
+            mask=branches_lib.branch_mask(length, committed, t, window), branch_slots=slots,
+            rows=branches_lib.node_rows(tree, slots, length),
+            used=jnp.sum(length > 0).astype(jnp.int32))
+    else:
+        inputs = dict(positions=tree_lib.positions(tree, committed),
+                      mask=mask_lib.verify_mask(tree, committed, window))
+    return RoundPlan(tree=tree, num_nodes=n_nodes, proposal=proposal, key=key,
+                     accept_key=accept_key, **inputs)
 
 
 @jax.jit(static_argnames=("static",))

@@ -147,23 +147,23 @@ def test_chain_forward_matches_tree_forward_and_commit(params):
     def prefilled(extra):
         kv = model.new_cache(width + extra)
         model.forward(torch.tensor(prompt), torch.arange(c), kv,
-                      _tensor((mask_lib.causal_mask(c, 0, width))))
+                      _tensor(mask_lib.causal_mask(c, 0, width)))
         kv.advance(c)
         return kv
 
     tree_kv = prefilled(0)
-    mask = _tensor((mask_lib.verify_mask(tree, c, width)))
-    positions = _tensor((tree_lib.positions(tree, c)))
-    tokens = _tensor((tree.tokens))
+    mask = _tensor(mask_lib.verify_mask(tree, c, width))
+    positions = _tensor(tree_lib.positions(tree, c))
+    tokens = _tensor(tree.tokens)
     expected, expected_feats = model.forward(tokens, positions, tree_kv, mask, (0, 2))
 
     chain_kv = prefilled(branches.scratch_slots(tree.num_slots, tree.max_depth))
-    chain_mask = _tensor((branches.branch_mask(length, c, t, width)))
+    chain_mask = _tensor(branches.branch_mask(length, c, t, width))
     chain_pos = c + torch.arange(t).expand(b, t)
     logits, feats = branches.verify_branches(
-        model, chain_kv, tokens, _tensor((slots)), chain_pos, chain_mask,
+        model, chain_kv, tokens, _tensor(slots), chain_pos, chain_mask,
         (0, 2), index_select=simulated.index_select)
-    rows = _tensor((branches.node_rows(tree, slots, length))).long()
+    rows = _tensor(branches.node_rows(tree, slots, length)).long()
     torch.testing.assert_close(logits.reshape(b * t, -1)[rows], expected, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(feats.reshape(b * t, 2, -1)[rows], expected_feats, atol=1e-4,
                                rtol=1e-4)

@@ -42,13 +42,28 @@ def test_schema_document_matches_code():
     assert tuple(_table_column("Phases")) == trace.PHASES
 
 
-@pytest.mark.parametrize("drafter_kind", ["none", "ngram"])
+def _eagle3(teacher):
+    """A random EAGLE-3 head on the tiny teacher: a drafter with state and teacher features."""
+    eagle3 = pytest.importorskip("eaglepangu_jax.drafters.eagle3")
+    config = eagle3.Eagle3Config.for_teacher(CFG, draft_vocab_size=CFG.vocab_size)
+    head = eagle3.init_head(config, jax.random.key(8))
+    params = eagle3.make_params(head, teacher.params["embed"],
+                                jnp.arange(CFG.vocab_size, dtype=jnp.int32))
+    return eagle3.Eagle3Drafter(config=config, budget=6, depth=3, top_k=3), params
+
+
+@pytest.mark.parametrize("drafter_kind", ["none", "ngram", "eagle3"])
 def test_traced_tokens_equal_generate_and_records_match_schema(teacher, tmp_path, drafter_kind):
     spec = SpecConfig(budget=6, depth=3, max_new_tokens=30, eos_id=NO_EOS)
-    drafter = NGramDrafter(depth=3, budget=6, max_ngram=2) if drafter_kind == "ngram" else None
+    drafter, params = None, None
+    if drafter_kind == "ngram":
+        drafter = NGramDrafter(depth=3, budget=6, max_ngram=2)
+    elif drafter_kind == "eagle3":
+        drafter, params = _eagle3(teacher)
     path = tmp_path / "t.jsonl"
-    expected = gen.generate(teacher, drafter, PROMPT, spec)
-    got = trace.generate_traced(teacher, drafter, PROMPT, spec, trace_path=path)
+    expected = gen.generate(teacher, drafter, PROMPT, spec, draft_params=params)
+    got = trace.generate_traced(teacher, drafter, PROMPT, spec, draft_params=params,
+                                trace_path=path)
     assert got.tokens == expected.tokens
     assert got.stats.accepted_per_round == expected.stats.accepted_per_round
     assert got.stats.nodes_per_round == expected.stats.nodes_per_round
@@ -72,7 +87,7 @@ def test_traced_tokens_equal_generate_and_records_match_schema(teacher, tmp_path
     assert records[0]["committed_len"] == len(PROMPT) - 1
     if drafter_kind == "ngram":
         assert sum(r["accepted"] for r in records) > 0, "the test should exercise acceptance"
-    else:
+    elif drafter_kind == "none":
         assert all(r["tree_nodes"] == 0 and r["tree_depth"] == 0 for r in records)
 
 
