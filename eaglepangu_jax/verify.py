@@ -198,6 +198,14 @@ def _check_sampling_params(temperature, top_p) -> None:
             raise ValueError(f"top_p must lie in (0, 1], got {p}")
 
 
+def _uniforms(key: Array, n: int) -> Float[Array, "N"]:
+    """``n`` uniforms where entry ``i`` depends on ``(key, i)`` only, not on ``n``: the engine
+    verifies a tree at several slot counts, and the same slot must see the same draw."""
+    index = jnp.arange(n, dtype=jnp.int32)
+    return jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i), (),
+                                                 jnp.float32))(index)
+
+
 def _sample_rows(key: Array, probs: Float[Array, "N V"]) -> Int[Array, "N"]:
     """One independent draw per row by inverse CDF (one uniform per row, not one per token).
 
@@ -206,7 +214,7 @@ def _sample_rows(key: Array, probs: Float[Array, "N V"]) -> Int[Array, "N"]:
     """
     n, vocab = probs.shape
     cdf = jnp.cumsum(probs, axis=-1)
-    u = jax.random.uniform(key, (n, 1), jnp.float32) * cdf[:, -1:]
+    u = _uniforms(key, n)[:, None] * cdf[:, -1:]
     index = jnp.sum(cdf <= u, axis=-1).astype(jnp.int32)
     positive = probs > 0
     last_positive = (vocab - 1 - jnp.argmax(positive[:, ::-1], axis=-1)).astype(jnp.int32)
@@ -267,7 +275,7 @@ def _speculative_walk(
                        jnp.zeros_like(draft))
     vocab_ids = jnp.arange(vocab, dtype=jnp.int32)
     accept_key, bonus_key = jax.random.split(key)
-    draws = jax.random.uniform(accept_key, (max(n - 1, 1),), jnp.float32)
+    draws = _uniforms(accept_key, max(n - 1, 1))
 
     def step(i, carry):
         node, p, q, last = carry

@@ -71,10 +71,13 @@ def save(fig, name):
 # %%
 DEPTH, VOCAB_SIZE, MAX_BUDGET = 6, 64, 48
 rng = np.random.default_rng(0)
-logits = rng.normal(size=(DEPTH, VOCAB_SIZE)).astype(np.float32)
-logits[:, 0] += 4.0  # one clear favourite per depth...
-sharpness = np.linspace(1.6, 0.7, DEPTH, dtype=np.float32)[:, None]  # ...fading with depth
-marginal_logprobs = jax.nn.log_softmax(jnp.asarray(logits * sharpness), axis=-1)
+# Geometric in the token's rank, flatter with depth (temperature 0.6 -> 3), lightly perturbed;
+# each depth favours different token ids.
+temperature = np.linspace(0.6, 3.0, DEPTH, dtype=np.float32)[:, None]
+rank_logits = -np.arange(VOCAB_SIZE, dtype=np.float32)[None, :] / temperature
+rank_logits += 0.1 * rng.normal(size=(DEPTH, VOCAB_SIZE)).astype(np.float32)
+logits = np.stack([row[rng.permutation(VOCAB_SIZE)] for row in rank_logits])
+marginal_logprobs = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
 q = np.exp(np.asarray(marginal_logprobs))
 top = np.sort(q, axis=1)[:, ::-1]
 
@@ -83,7 +86,7 @@ for r in range(3):
     ax.plot(np.arange(1, DEPTH + 1), top[:, r], marker="o", label=f"rank {r + 1} token")
 ax.set_title("Simulated block-drafter marginals")
 ax.set_xlabel("depth k (tokens after the root)")
-ax.set_ylabel("draft probability q_k (1)")
+ax.set_ylabel("draft probability q_k (fraction)")
 ax.legend()
 fig.tight_layout()
 save(fig, "02_marginals")

@@ -10,7 +10,9 @@ traced, so here the host drives each round and every framework does what it owns
 2. **verify** (torch): tokens, positions and mask cross the bridge
    (:mod:`npu_backend.bridge`); :meth:`TorchLlama.forward` writes the K/V to the cache's
    speculative region, or :func:`~npu_backend.branches.verify_branches` to per-chain
-   scratch regions.
+   scratch regions. Unlike the on-device loop, the host knows how much of the tree is
+   real: trailing padding slots (or unused chains) are not run, the rows in use being
+   rounded up to a power of two so that only a few forward shapes exist.
 3. **finish** (JAX, jitted): logits (and teacher features, for drafters that read them)
    cross back; :func:`eaglepangu_jax.engine.step.accept` decides; the token buffer, stop
    flag, logs and drafter state are updated exactly as in ``speculative_step``.
@@ -62,7 +64,10 @@ BranchTable = Callable[[tree_lib.Tree], tuple[jax.Array, jax.Array]]
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RoundPlan:
-    """Everything JAX prepares for one verify forward (branch fields are None in tree mode)."""
+    """Everything JAX prepares for one verify forward (branch fields are None in tree mode).
+
+    Dimensions: ``N`` tree slots, ``W`` key columns, ``B`` chains of ``T = D + 1`` entries.
+    """
 
     tree: tree_lib.Tree
     num_nodes: jax.Array  # [] draft nodes in the tree
@@ -71,9 +76,9 @@ class RoundPlan:
     accept_key: jax.Array
     positions: jax.Array  # [N] tree mode, [B, T] branches mode
     mask: jax.Array  # [N, W] tree mode, [B, T, W] branches mode
+    used: jax.Array  # [] rows in use: tree slots up to the last valid one, or chains
     branch_slots: jax.Array | None = None  # [B, T]
     rows: jax.Array | None = None  # [N] flat chain row of each tree slot
-    used: jax.Array | None = None  # [] chains in use
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +88,7 @@ class RoundResult:
     accepted: int  # draft nodes accepted
     path: tuple[int, ...]  # tree slots of the root and the accepted nodes
     moved: int  # cache slots copied by the commit
-    chains: int  # chains verified (branches mode; 0 in tree mode)
+    verified: int  # rows run: tree slots (tree mode) or chains (branches mode)
 
 
 @jax.jit(static_argnames=("static", "window", "branches", "table"))
@@ -103,8 +108,10 @@ def _plan(static: StepStatic, draft_params: Any, state: DecodeState, committed: 
             rows=branches_lib.node_rows(tree, slots, length),
             used=jnp.sum(length > 0).astype(jnp.int32))
     else:
+        slot = jnp.arange(tree.num_slots, dtype=jnp.int32)
         inputs = dict(positions=tree_lib.positions(tree, committed),
-                      mask=mask_lib.verify_mask(tree, committed, window))
+                      mask=mask_lib.verify_mask(tree, committed, window),
+                      used=jnp.max(jnp.where(tree.valid, slot, 0)) + 1)
     return RoundPlan(tree=tree, num_nodes=n_nodes, proposal=proposal, key=key,
                      accept_key=accept_key, **inputs)
 
@@ -115,15 +122,21 @@ def _finish(static: StepStatic, draft_params: Any, state: DecodeState, plan: Rou
             ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
     """Acceptance and the state update of ``speculative_step`` (the cache aside).
 
-    In branches mode ``logits`` / ``features`` are the chains' ``[B T, ...]`` rows, gathered
-    back to tree slots through ``plan.rows`` first. Returns the new state, the accepted
-    length, the path and the winning chain (0 in tree mode).
+    ``logits`` / ``features`` hold the rows that were verified: the leading tree slots (the
+    trailing padding is not run; its rows become the root's, never read by acceptance) or,
+    in branches mode, the chains' ``[B T, ...]`` rows, gathered back to tree slots through
+    ``plan.rows``. Returns the new state, the accepted length, the path and the winning
+    chain (0 in tree mode).
     """
     spec = static.spec
     winner = jnp.zeros((), jnp.int32)
-    if plan.rows is not None:
-        logits = logits[plan.rows]
-        features = features[plan.rows] if features is not None else None
+    rows = plan.rows
+    if rows is None and logits.shape[0] < plan.tree.num_slots:
+        slot = jnp.arange(plan.tree.num_slots, dtype=jnp.int32)
+        rows = jnp.where(slot < logits.shape[0], slot, 0)
+    if rows is not None:
+        logits = logits[rows]
+        features = features[rows] if features is not None else None
     acc = accept(static, plan.tree, logits, plan.accept_key, plan.proposal)
     if plan.rows is not None:
         winner = plan.rows[acc.stop] // plan.branch_slots.shape[1]
@@ -259,13 +272,10 @@ class TorchTeacherRunner:
             self.static, self.draft_params, state, jnp.int32(committed), self.verify_latency,
             window=window, branches=branches, table=self.branch_table)
         if branches:
-            plan, logits, features, chains = self._verify_branches(plan, kv)
+            plan, logits, features, verified = self._verify_branches(plan, kv)
         else:
-            logits, features = self.model.forward(
-                bridge.to_torch(plan.tree.tokens, self.model.device),
-                bridge.to_torch(plan.positions, self.model.device), kv,
-                bridge.to_torch(plan.mask, self.model.device), self.static.feature_layers)
-            chains = 0
+            logits, features = self._verify_tree(plan, kv)
+            verified = logits.shape[0]
         state, length, path, winner = engine_mode.checked(_finish)(
             self.static, self.draft_params, state, plan, bridge.to_jax(logits),
             bridge.to_jax(features) if self.static.feature_layers else None)
@@ -276,14 +286,14 @@ class TorchTeacherRunner:
             if engine_mode.is_reference():
                 chain = np.asarray(plan.branch_slots[winner, : length + 1])
                 if tuple(int(s) for s in chain) != accepted_path:
-                    raise AssertionError(f"winning chain {winner} holds {chain.tolist()}, "
+                    raise RuntimeError(f"winning chain {winner} holds {chain.tolist()}, "
                                          f"not the accepted path {list(accepted_path)}")
             slots = branches_lib.commit_slots(winner, length, t)
         else:
             slots = accepted_path
         moved = kv.commit_path(slots)
         return state, RoundResult(accepted=length, path=accepted_path, moved=moved,
-                                  chains=chains)
+                                  verified=verified)
 
     # ------------------------------------------------------------------ internals
 
@@ -316,11 +326,19 @@ class TorchTeacherRunner:
             feats.append(f[: len(chunk)])
         return torch.cat(feats, dim=0)
 
+    def _verify_tree(self, plan: RoundPlan, kv: TorchKVCache):
+        """One tree-masked forward over the slots up to the last valid one (rounded up to a
+        power of two): trailing padding is never accepted, so it is not run."""
+        rows = _bucket(int(plan.used), plan.tree.num_slots)
+        device = self.model.device
+        return self.model.forward(
+            bridge.to_torch(plan.tree.tokens[:rows], device),
+            bridge.to_torch(plan.positions[:rows], device), kv,
+            bridge.to_torch(plan.mask[:rows], device), self.static.feature_layers)
+
     def _verify_branches(self, plan: RoundPlan, kv: TorchKVCache):
         """Run the chains in use (rounded up to a power of two) as one batch."""
-        total = plan.branch_slots.shape[0]
-        used = int(plan.used)
-        chains = min(1 << max(used - 1, 0).bit_length(), total)
+        chains = _bucket(int(plan.used), plan.branch_slots.shape[0])
         plan = dataclasses.replace(plan, branch_slots=plan.branch_slots[:chains],
                                    positions=plan.positions[:chains], mask=plan.mask[:chains])
         device = self.model.device
@@ -332,6 +350,12 @@ class TorchTeacherRunner:
         t = logits.shape[1]
         return (plan, logits.reshape(chains * t, -1),
                 features.reshape(chains * t, *features.shape[2:]), chains)
+
+
+def _bucket(used: int, total: int) -> int:
+    """``used`` rounded up to a power of two, at most ``total``: few distinct forward shapes
+    (each new shape recompiles on an NPU)."""
+    return min(1 << max(used - 1, 0).bit_length(), total)
 
 
 def generate_torch(torch_model: TorchLlama, drafter: Any, prompt_ids: Sequence[int],

@@ -215,7 +215,7 @@ def test_branches_mode_runs_clean_under_the_simulator(params, oracle):
     assert npu.calls > 0
     assert any(r.moved > 0 for r in winners)  # some accepted chain was not chain 0
     # Three paths make three leaves (two if a decoy merges), rounded up to a power of two.
-    assert {r.chains for r in winners} <= {2, 4} and any(r.chains == 4 for r in winners)
+    assert {r.verified for r in winners} <= {2, 4} and any(r.verified == 4 for r in winners)
     expected = gen.generate(gen.Teacher(CFG, params), oracle, PROMPT, SPEC)
     new = np.asarray(state.tokens)[len(PROMPT): len(PROMPT) + SPEC.max_new_tokens]
     assert new.tolist() == expected.tokens

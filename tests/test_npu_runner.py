@@ -126,6 +126,16 @@ def test_accepted_paths_off_the_first_chain_are_moved(params, greedy):
     assert all(r.moved <= r.accepted for r in rounds)  # the root never moves
 
 
+def test_trailing_padding_is_not_verified(params):
+    """A drafter with nothing to propose: the tree is the root and padding, one row is run."""
+    model = TorchLlama(CFG, params, attention_impl="eager")
+    runner = TorchTeacherRunner(model, NGramDrafter(budget=8, depth=4, num_matches=4), SPEC)
+    state, kv = runner.start([1, 2, 3, 4])  # no repeated token: the n-gram finds nothing
+    state, info = runner.step(state, kv)
+    assert info.verified == 1 and info.accepted == 0
+    assert int(state.nodes_log[0]) == 0
+
+
 @pytest.fixture(scope="module")
 def eagle():
     config = eagle3.Eagle3Config.for_teacher(CFG, draft_vocab_size=CFG.vocab_size)

@@ -122,7 +122,8 @@ def test_predicted_verify_time_with_calibration(teacher, tmp_path):
     trace.generate_traced(teacher, drafter, PROMPT, spec, trace_path=path, roofline=roofline,
                           calibration=calib)
     for record in trace.read_trace(path):
-        want = float(budget_lib.latency(roofline, calib, 5, record["committed_len"]))
+        want = float(budget_lib.latency(roofline, calib, record["verified_slots"],
+                                        record["committed_len"]))
         assert record["predicted_verify_s"] == pytest.approx(want)
     with pytest.raises(ValueError, match="both roofline and calibration"):
         trace.generate_traced(teacher, drafter, PROMPT, spec, trace_path=path,
@@ -133,6 +134,7 @@ def test_summarize_by_hand(tmp_path):
     def record(i, accepted, emitted, verify):
         seconds = {p: 0.001 for p in trace.PHASES} | {"verify": verify}
         return {"round": i, "committed_len": 10 + i, "tree_nodes": 4, "tree_depth": 2,
+                "verified_slots": 5,
                 "budget": 4, "accepted": accepted, "emitted": emitted, "seconds": seconds,
                 "predicted_verify_s": None}
 

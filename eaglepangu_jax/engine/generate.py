@@ -64,11 +64,23 @@ def window_for(needed: int, capacity: int) -> int:
     return min(w, capacity)
 
 
-def cache_slots(prompt_len: int, spec: SpecConfig) -> int:
-    """Cache slots a generation needs: prompt, new tokens, one tree, the emitted overshoot,
-    rounded up to whole prefill chunks."""
-    need = prompt_len + spec.max_new_tokens + spec.budget + spec.depth + 2
-    return max(need, -(-prompt_len // PREFILL_CHUNK) * PREFILL_CHUNK)
+CAPACITY_BUCKET = 256
+
+
+def needed_slots(prompt_len: int, spec: SpecConfig) -> int:
+    """Positions a generation may touch: prompt, new tokens, one tree, the emitted overshoot."""
+    return prompt_len + spec.max_new_tokens + spec.budget + spec.depth + 2
+
+
+def cache_slots(prompt_len: int, spec: SpecConfig, max_position: int | None = None) -> int:
+    """Cache slots to allocate: :func:`needed_slots` rounded up to a multiple of
+    ``CAPACITY_BUCKET`` (so prompts of similar length share one compiled loop), never below
+    whole prefill chunks, and not rounded past ``max_position``."""
+    need = needed_slots(prompt_len, spec)
+    bucketed = -(-need // CAPACITY_BUCKET) * CAPACITY_BUCKET
+    if max_position is not None:
+        bucketed = min(bucketed, max(need, max_position))
+    return max(bucketed, -(-prompt_len // PREFILL_CHUNK) * PREFILL_CHUNK)
 
 
 def validate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: SpecConfig) -> None:
@@ -83,7 +95,7 @@ def validate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: Sp
     if len(prompt_ids) > cfg.max_position:
         raise ValueError(f"the prompt has {len(prompt_ids)} tokens, longer than the teacher's "
                          f"context of {cfg.max_position}")
-    total = cache_slots(len(prompt_ids), spec)
+    total = needed_slots(len(prompt_ids), spec)
     if total > cfg.max_position:
         raise ValueError(
             f"prompt ({len(prompt_ids)}) + max_new_tokens ({spec.max_new_tokens}) + tree "
@@ -186,7 +198,7 @@ def _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id, 
             return state
         window = window_for(length + need, capacity)
         static = StepStatic(teacher=teacher.config, drafter=drafter, spec=spec, window=window,
-                            eos_id=eos_id)
+                            eos_id=eos_id, bucketed=not batched)
         # Reference mode: the invariant checks traced into the step raise on the host.
         runner = mode.checked(_run_batched if batched else _run)
         state = runner(static, teacher.params, draft_params, state, jnp.int32(window),
@@ -235,7 +247,7 @@ def generate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: Sp
     """
     validate(teacher, drafter, prompt_ids, spec)
     eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
-    capacity = cache_slots(len(prompt_ids), spec)
+    capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
     t0 = time.perf_counter()
     state = init_state(teacher, drafter, draft_params, prompt_ids, spec, capacity=capacity,
                        key=jax.random.fold_in(jax.random.key(spec.seed), stream))
@@ -263,7 +275,7 @@ def generate_batch(teacher: Teacher, drafter: Any, prompts: Sequence[Sequence[in
     for p in prompts:
         validate(teacher, drafter, p, spec)
     eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
-    capacity = max(cache_slots(len(p), spec) for p in prompts)
+    capacity = max(cache_slots(len(p), spec, teacher.config.max_position) for p in prompts)
     t0 = time.perf_counter()
     states = [init_state(teacher, drafter, draft_params, p, spec, capacity=capacity,
                          key=jax.random.fold_in(jax.random.key(spec.seed), i))
@@ -298,7 +310,7 @@ def sample_many(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     validate(teacher, drafter, prompt_ids, spec)
     eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
-    capacity = cache_slots(len(prompt_ids), spec)
+    capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
     state = init_state(teacher, drafter, draft_params, prompt_ids, spec, capacity=capacity,
                        key=jax.random.key(spec.seed))
     keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(spec.seed), i))(

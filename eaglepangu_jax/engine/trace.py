@@ -40,61 +40,29 @@ from eaglepangu_jax.engine import generate as gen
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal
 from eaglepangu_jax.engine.state import DecodeState
-from eaglepangu_jax.engine.step import StepStatic, accept, propose_tree
+from eaglepangu_jax.engine.step import (StepStatic, accept, commit_round, draft, shape_tree,
+                                        slot_buckets, truncate_tree)
 from eaglepangu_jax.models import llama
 
 PHASES = ("draft", "tree", "mask", "verify", "accept", "commit")
-TRACE_FIELDS = ("round", "committed_len", "tree_nodes", "tree_depth", "budget", "accepted",
+TRACE_FIELDS = ("round", "committed_len", "tree_nodes", "tree_depth", "verified_slots", "budget",
+                "accepted",
                 "emitted", "seconds", "predicted_verify_s")
 
 
 # ------------------------------------------------------------------------------ the phases
 
 
-@dataclasses.dataclass(frozen=True)
-class _Replay:
-    """A drafter that hands back the proposal it is given as its parameters.
-
-    It lets the tree phase run :func:`~eaglepangu_jax.engine.step.propose_tree` unchanged
-    (policy, root override, reference-mode checks) on a proposal the draft phase already made.
-    """
-
-    inner: Any  # the real drafter: its static properties are the replay's
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def max_depth(self) -> int:
-        return self.inner.max_depth
-
-    @property
-    def feature_layers(self) -> tuple[int, ...]:
-        return tuple(self.inner.feature_layers)
-
-    def propose(self, params: Proposal, state: Any, context: Any, key: jax.Array) -> Proposal:
-        return params
-
-
 @functools.partial(jax.jit, static_argnums=0)
 def _draft(static: StepStatic, draft_params: Any, state: DecodeState):
     # The same three-way split as the fused step, so sampling sees the same keys.
     key, draft_key, accept_key = jax.random.split(state.key, 3)
-    if static.drafter is None:
-        return Proposal(), key, draft_key, accept_key
-    proposal = static.drafter.propose(draft_params, state.drafter_state,
-                                      state.context(static.spec.draft_window), draft_key)
-    return proposal, key, draft_key, accept_key
+    return draft(static, draft_params, state, draft_key), key, draft_key, accept_key
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _tree(static: StepStatic, proposal: Proposal, state: DecodeState, draft_key: jax.Array,
-          verify_latency: Any):
-    replay = dataclasses.replace(
-        static, drafter=_Replay(static.drafter) if static.drafter is not None else None)
-    tree, n_nodes, _ = propose_tree(replay, proposal, state, draft_key, verify_latency)
-    return tree, n_nodes
+def _tree(static: StepStatic, proposal: Proposal, state: DecodeState, verify_latency: Any):
+    return shape_tree(static, proposal, state, verify_latency)
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -116,32 +84,8 @@ def _accept(static: StepStatic, tree: tree_lib.Tree, logits, accept_key, proposa
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
 def _commit(static: StepStatic, draft_params: Any, state: DecodeState, features, acc,
             n_nodes, key):
-    # Mirrors the tail of ``step.speculative_step`` (which has no separate commit function);
-    # the equality test against ``generate`` keeps the two in step.
-    spec = static.spec
-    cache = cache_lib.commit(state.cache, acc.path, acc.length)
-    emitted = acc.length + 1
-    tokens = jax.lax.dynamic_update_slice(state.tokens, acc.tokens, (state.num_tokens,))
-    index = jnp.arange(acc.tokens.shape[0], dtype=jnp.int32)
-    budget_left = spec.max_new_tokens - state.new_tokens
-    hit_eos = jnp.any((acc.tokens == static.eos_id) & (index < emitted))
-    new_state = dataclasses.replace(
-        state,
-        tokens=tokens,
-        num_tokens=state.num_tokens + emitted,
-        cache=cache,
-        features=features[acc.path] if static.drafter is not None else state.features,
-        num_features=emitted,
-        key=key,
-        rounds=state.rounds + 1,
-        done=hit_eos | (emitted >= budget_left),
-        accepted_log=state.accepted_log.at[state.rounds].set(acc.length, mode="drop"),
-        nodes_log=state.nodes_log.at[state.rounds].set(n_nodes, mode="drop"),
-    )
-    if static.drafter is not None:
-        new_state = dataclasses.replace(new_state, drafter_state=static.drafter.update(
-            draft_params, state.drafter_state, new_state.context(spec.draft_window)))
-    return new_state
+    return commit_round(static, draft_params, state, acc, features[acc.path], state.cache,
+                        n_nodes, key)
 
 
 class _Clock:
@@ -187,7 +131,7 @@ def generate_traced(teacher: gen.Teacher, drafter: Any, prompt_ids: Sequence[int
     if not Path(trace_path).parent.is_dir():
         raise ValueError(f"cannot write the trace {trace_path}: its folder does not exist")
     eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
-    capacity = gen.cache_slots(len(prompt_ids), spec)
+    capacity = gen.cache_slots(len(prompt_ids), spec, teacher.config.max_position)
     records: list[dict[str, Any]] = []
     kept = math.inf  # output length, known once generation ends
     try:
@@ -235,8 +179,12 @@ def _traced_round(static, params, draft_params, state, verify_latency, roofline,
     committed_len = int(committed)
     proposal, key, draft_key, accept_key = clock.run("draft", _draft, static, draft_params,
                                                      state)
-    tree, n_nodes = clock.run("tree", _tree, static, proposal, state, draft_key,
-                              verify_latency)
+    tree, n_nodes = clock.run("tree", _tree, static, proposal, state, verify_latency)
+    # Verify at the same slot bucket the fused step's switch would pick.
+    valid = np.asarray(tree.valid)
+    last_valid = int(np.max(np.nonzero(valid)[0]))
+    sizes = slot_buckets(tree.num_slots) if static.bucketed else (tree.num_slots,)
+    tree = truncate_tree(tree, next(size for size in sizes if size > last_valid))
     positions, attend = clock.run("mask", _mask, tree, committed, static.window)
     logits, features, cache = clock.run("verify", _verify, static, params, tree.tokens,
                                         positions, state.cache, attend)
@@ -244,7 +192,6 @@ def _traced_round(static, params, draft_params, state, verify_latency, roofline,
     # The old cache was donated to the verify forward: hand the commit the new one.
     state = clock.run("commit", _commit, static, draft_params,
                       dataclasses.replace(state, cache=cache), features, acc, n_nodes, key)
-    valid = np.asarray(tree.valid)
     predicted = None
     if roofline is not None:
         predicted = float(budget_lib.latency(roofline, calibration, tree.num_slots,
@@ -252,7 +199,8 @@ def _traced_round(static, params, draft_params, state, verify_latency, roofline,
     record = {
         "committed_len": committed_len,
         "tree_nodes": int(n_nodes),
-        "tree_depth": int(np.max(np.where(valid, np.asarray(tree.depth), 0))),
+        "tree_depth": int(np.max(np.where(np.asarray(tree.valid), np.asarray(tree.depth), 0))),
+        "verified_slots": tree.num_slots,
         "budget": static.spec.budget,
         "accepted": int(acc.length),
         "raw_emitted": int(acc.length) + 1,
