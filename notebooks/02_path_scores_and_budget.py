@@ -222,7 +222,9 @@ plt.show()
 # %% [markdown]
 # On a CPU the weights dominate a one-token step (memory-bound), but the arithmetic grows
 # quickly with `s`, so extra tree slots are far from free. The ideal roofline is the floor
-# no implementation can beat.
+# no implementation can beat. On a busy machine the points scatter (other processes steal
+# the cores mid-measurement); the fit still gives a usable, monotone cost curve, and an idle
+# machine gives a much cleaner one.
 #
 # ## 5. The controller: where S(N) = A(N) / C(N) peaks
 #

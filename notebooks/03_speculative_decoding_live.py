@@ -145,7 +145,7 @@ for name, (greedy, speculative) in results.items():
 # a round where the drafter guessed several tokens right.
 #
 # The printed version marks each round with brackets, accepted draft text first:
-# `[accepted|bonus]`.
+# `[accepted|bonus]` (newlines shown as ⏎).
 
 # %%
 PALETTE = ("#ffe08a", "#a9d8ff")
@@ -181,7 +181,8 @@ for name, (_, speculative) in results.items():
     rounds = rounds_of(speculative)
     display(HTML(f"<h4>{html.escape(name)}: {len(rounds)} rounds for "
                  f"{len(speculative.tokens)} tokens</h4>" + as_html(rounds)))
-    print("".join(f"[{draft}|{bonus}]" for draft, bonus in rounds))
+    # Newlines shown as "⏎" keep every round on one line.
+    print("".join(f"[{draft}|{bonus}]" for draft, bonus in rounds).replace("\n", "⏎"))
     print()
 
 # %% [markdown]

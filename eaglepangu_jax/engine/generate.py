@@ -160,6 +160,7 @@ def init_state(teacher: Teacher, drafter: Any, draft_params: Any, prompt_ids: Se
     features = jnp.zeros((spec.depth + 1, n_feat, cfg.hidden_size),
                          teacher.params["embed"].dtype)
     num_features = 0
+    prefill_features = features[:0]
     if len(prompt) > 1:
         kv, prefill_features = prefill(
             teacher.params, cfg, prompt[:-1], kv,
@@ -178,8 +179,13 @@ def init_state(teacher: Teacher, drafter: Any, draft_params: Any, prompt_ids: Se
         accepted_log=jnp.full((rounds_cap,), -1, jnp.int32),
         nodes_log=jnp.full((rounds_cap,), -1, jnp.int32))
     if drafter is not None:
-        state = dataclasses.replace(state, drafter_state=drafter.init_state(
-            draft_params, state.context(spec.draft_window)))
+        # The drafter's own cache is built from the features of the *whole* prompt (EAGLE
+        # heads need long-range context), not only the last depth + 1 rows the loop carries.
+        context = dataclasses.replace(state.context(spec.draft_window),
+                                      features=prefill_features,
+                                      num_features=jnp.int32(prefill_features.shape[0]))
+        state = dataclasses.replace(state, drafter_state=drafter.init_state(draft_params,
+                                                                            context))
     return state
 
 
