@@ -40,8 +40,8 @@ from eaglepangu_jax.suites import Conversation, count_turns
 
 REFERENCE = "greedy"
 METHODS = ("greedy", "ngram", "eagle3")
-DEFAULT_BUDGET = 16  # tree nodes: the seeds' sweet spot (M = 16)
-DEFAULT_DEPTH = 8
+DEFAULT_BUDGET = 8  # tree nodes; the seeds' M = 16 verifies too slowly on 2 CPU cores
+DEFAULT_DEPTH = 6  # deepest draft node
 # Rough figures of a 2-core CPU host (f32 matmul throughput, memory read bandwidth) for the
 # uncalibrated roofline the "auto" policy needs when no calibration is given.
 CPU_PEAK_FLOPS = 165e9

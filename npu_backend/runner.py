@@ -229,17 +229,21 @@ class TorchTeacherRunner:
         spec, drafter, cfg = self.spec, self.drafter, self.model.config
         engine.validate(engine.Teacher(cfg, {}), drafter, prompt_ids, spec)
         prompt = np.asarray(prompt_ids, np.int32)
-        capacity = engine.cache_slots(len(prompt), spec)
+        capacity = engine.cache_slots(len(prompt), spec, cfg.max_position)
         kv = self.model.new_cache(capacity + self._scratch())
         dtype = bridge.jax_dtype(self.model.dtype)
         layers = self.static.feature_layers
         features = jnp.zeros((spec.depth + 1, len(layers), cfg.hidden_size), dtype)
         num_features = 0
+        prefill_features = features[:0]
         if len(prompt) > 1:
-            prefill_features = self._prefill(prompt[:-1], kv, capacity)
-            take = min(len(prompt) - 1, spec.depth + 1)
+            tapped = self._prefill(prompt[:-1], kv, capacity)
             if layers:
-                features = features.at[:take].set(bridge.to_jax(prefill_features[-take:]))
+                prefill_features = bridge.to_jax(tapped)
+            else:  # nothing tapped: an empty [P - 1, 0, H], not worth a bridge crossing
+                prefill_features = jnp.zeros((len(prompt) - 1, 0, cfg.hidden_size), dtype)
+            take = min(len(prompt) - 1, spec.depth + 1)
+            features = features.at[:take].set(prefill_features[-take:])
             num_features = take
         buffer = np.zeros((capacity + spec.depth + 2,), np.int32)
         buffer[: len(prompt)] = prompt
@@ -253,8 +257,13 @@ class TorchTeacherRunner:
             accepted_log=jnp.full((rounds_cap,), -1, jnp.int32),
             nodes_log=jnp.full((rounds_cap,), -1, jnp.int32))
         if drafter is not None:
+            # As the JAX engine: the drafter's own cache is built from the whole prompt's
+            # features, not only the last depth + 1 rows the loop carries.
+            context = dataclasses.replace(state.context(spec.draft_window),
+                                          features=prefill_features,
+                                          num_features=jnp.int32(prefill_features.shape[0]))
             state = dataclasses.replace(state, drafter_state=drafter.init_state(
-                self.draft_params, state.context(spec.draft_window)))
+                self.draft_params, context))
         return state, kv
 
     def running(self, state: DecodeState, kv: TorchKVCache) -> bool:
@@ -287,7 +296,7 @@ class TorchTeacherRunner:
                 chain = np.asarray(plan.branch_slots[winner, : length + 1])
                 if tuple(int(s) for s in chain) != accepted_path:
                     raise RuntimeError(f"winning chain {winner} holds {chain.tolist()}, "
-                                         f"not the accepted path {list(accepted_path)}")
+                                       f"not the accepted path {list(accepted_path)}")
             slots = branches_lib.commit_slots(winner, length, t)
         else:
             slots = accepted_path

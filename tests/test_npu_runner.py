@@ -166,7 +166,7 @@ def test_teacher_features_reach_the_drafter_like_in_jax(params, teacher, greedy,
     drafter, draft_params = eagle, eagle_params
     if which == "oracle":
         drafter, draft_params = OracleDrafter(tuple(greedy), feature_layers=(0, 2)), None
-    capacity = gen.cache_slots(len(PROMPT), spec)
+    capacity = gen.cache_slots(len(PROMPT), spec, CFG.max_position)
     key = jax.random.fold_in(jax.random.key(spec.seed), 0)
     expected = gen.init_state(teacher, drafter, draft_params, PROMPT, spec, capacity=capacity,
                               key=key)

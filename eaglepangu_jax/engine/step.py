@@ -162,7 +162,10 @@ def commit_round(static: StepStatic, draft_params: Any, state: DecodeState,
                  cache: KVCache, n_nodes: Int[Array, ""], key: Array) -> DecodeState:
     """Commit the accepted path, append the emitted tokens, update the drafter, stop flags."""
     spec = static.spec
-    cache = cache_lib.commit(cache, acc.path, acc.length)
+    if static.drafter is None:
+        cache = cache_lib.commit_length(cache, acc.length)  # the root alone: nothing moves
+    else:
+        cache = cache_lib.commit(cache, acc.path, acc.length)
     emitted = acc.length + 1
     tokens = jax.lax.dynamic_update_slice(state.tokens, acc.tokens, (state.num_tokens,))
     index = jnp.arange(acc.tokens.shape[0], dtype=jnp.int32)
