@@ -31,24 +31,7 @@ Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 def param_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     """Expected shape of every parameter, keyed ``"layers/wq"``-style (the pytree layout)."""
-    c = config
-    n, h, f = c.num_layers, c.hidden_size, c.intermediate_size
-    shapes = {
-        "embed": (c.vocab_size, h),
-        "layers/attn_norm": (n, h),
-        "layers/wq": (n, h, c.q_width),
-        "layers/wk": (n, h, c.kv_width),
-        "layers/wv": (n, h, c.kv_width),
-        "layers/wo": (n, c.q_width, h),
-        "layers/mlp_norm": (n, h),
-        "layers/w_gate": (n, h, f),
-        "layers/w_up": (n, h, f),
-        "layers/w_down": (n, f, h),
-        "final_norm": (h,),
-    }
-    if not c.tie_embeddings:
-        shapes["lm_head"] = (h, c.vocab_size)
-    return shapes
+    return config.param_shapes()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,6 +55,24 @@ class LlamaConfig:
     def kv_width(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shape of each stacked per-layer parameter (leading axis ``L``)."""
+        n, h, f = self.num_layers, self.hidden_size, self.intermediate_size
+        return {
+            "attn_norm": (n, h), "wq": (n, h, self.q_width), "wk": (n, h, self.kv_width),
+            "wv": (n, h, self.kv_width), "wo": (n, self.q_width, h), "mlp_norm": (n, h),
+            "w_gate": (n, h, f), "w_up": (n, h, f), "w_down": (n, f, h),
+        }
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shape of every parameter of the stacked layout, keyed ``"layers/wq"``-style."""
+        shapes = {"embed": (self.vocab_size, self.hidden_size)}
+        shapes.update({f"layers/{k}": v for k, v in self.layer_shapes().items()})
+        shapes["final_norm"] = (self.hidden_size,)
+        if not self.tie_embeddings:
+            shapes["lm_head"] = (self.hidden_size, self.vocab_size)
+        return shapes
+
     @classmethod
     def smollm2_135m(cls, **override) -> "LlamaConfig":
         """SmolLM2-135M-Instruct (REFERENCE facts; the GGUF loader reads the same from metadata)."""

@@ -223,25 +223,8 @@ def config_from_reader(reader: gguf.GGUFReader) -> LlamaConfig:
 
 
 def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Flat parameter name -> shape in our layout (see :class:`LlamaConfig`)."""
-    c = config
-    L, H, F = c.num_layers, c.hidden_size, c.intermediate_size
-    shapes = {
-        "embed": (c.vocab_size, H),
-        "layers.attn_norm": (L, H),
-        "layers.wq": (L, H, c.q_width),
-        "layers.wk": (L, H, c.kv_width),
-        "layers.wv": (L, H, c.kv_width),
-        "layers.wo": (L, c.q_width, H),
-        "layers.mlp_norm": (L, H),
-        "layers.w_gate": (L, H, F),
-        "layers.w_up": (L, H, F),
-        "layers.w_down": (L, F, H),
-        "final_norm": (H,),
-    }
-    if not c.tie_embeddings:
-        shapes["lm_head"] = (H, c.vocab_size)
-    return shapes
+    """Flat parameter name (``"layers.wq"``) -> shape in our layout (see :class:`LlamaConfig`)."""
+    return {name.replace("/", "."): shape for name, shape in config.param_shapes().items()}
 
 
 def check_flat_params(config: LlamaConfig, flat: Mapping[str, np.ndarray], source: Any) -> None:

@@ -24,18 +24,8 @@ def random_params(config: LlamaConfig, key: jax.Array, dtype=jnp.float32) -> dic
         The parameter pytree.
     """
     c = config
-    n_layers, h, f = c.num_layers, c.hidden_size, c.intermediate_size
-    shapes = {
-        "attn_norm": (n_layers, h),
-        "wq": (n_layers, h, c.q_width),
-        "wk": (n_layers, h, c.kv_width),
-        "wv": (n_layers, h, c.kv_width),
-        "wo": (n_layers, c.q_width, h),
-        "mlp_norm": (n_layers, h),
-        "w_gate": (n_layers, h, f),
-        "w_up": (n_layers, h, f),
-        "w_down": (n_layers, f, h),
-    }
+    h = c.hidden_size
+    shapes = c.layer_shapes()
     keys = jax.random.split(key, len(shapes) + 3)
     layers = {}
     for k, (name, shape) in zip(keys, shapes.items()):
