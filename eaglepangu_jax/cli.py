@@ -191,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", metavar="OUT", default=None, help="also write the report")
     d.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
+    tr = sub.add_parser(
+        "train-draft", formatter_class=_Formatter, add_help=False,
+        help="reproduce the shipped EAGLE-3 drafter (self-distillation + training)",
+        description="Self-distil training data from the teacher (cached shards), build the\n"
+                    "draft vocabulary, train the head; '--help' after it lists its options.")
     for command_parser in (g, b, ts, d):
         command_parser.set_defaults(command_parser=command_parser)
     return parser
@@ -449,6 +454,11 @@ def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: An
     Returns:
       The exit status (bad flags exit with status 2 before any model is loaded).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train-draft"]:  # its own parser takes every option after the command
+        from eaglepangu_jax.training.train import train_draft_main
+
+        return train_draft_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     sub = args.command_parser  # errors name the sub-command's usage

@@ -201,3 +201,11 @@ def test_generate_on_the_real_model(capsys):
 def test_compile_cache_flag(flags, expected, no_compile_cache, capsys, no_model):
     _fails(flags + ["generate", "hi", "--temperature", "-1"], capsys, "temperature")
     assert no_compile_cache == [expected]
+
+
+def test_train_draft_is_wired_and_validates_before_work():
+    # The sub-command hands every option to the training entry point; a bad kind exits 2
+    # (argparse) before any model or data is touched.
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train-draft", "--kind", "block", "--out", "unused"])
+    assert exc.value.code == 2
