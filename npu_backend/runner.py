@@ -234,7 +234,6 @@ class TorchTeacherRunner:
         dtype = bridge.jax_dtype(self.model.dtype)
         layers = self.static.feature_layers
         features = jnp.zeros((spec.depth + 1, len(layers), cfg.hidden_size), dtype)
-        num_features = 0
         prefill_features = features[:0]
         if len(prompt) > 1:
             tapped = self._prefill(prompt[:-1], kv, capacity)
@@ -242,28 +241,10 @@ class TorchTeacherRunner:
                 prefill_features = bridge.to_jax(tapped)
             else:  # nothing tapped: an empty [P - 1, 0, H], not worth a bridge crossing
                 prefill_features = jnp.zeros((len(prompt) - 1, 0, cfg.hidden_size), dtype)
-            take = min(len(prompt) - 1, spec.depth + 1)
-            features = features.at[:take].set(prefill_features[-take:])
-            num_features = take
-        buffer = np.zeros((capacity + spec.depth + 2,), np.int32)
-        buffer[: len(prompt)] = prompt
-        rounds_cap = spec.max_new_tokens + 1
-        state = DecodeState(
-            tokens=jnp.asarray(buffer), num_tokens=jnp.int32(len(prompt)),
-            prompt_len=jnp.int32(len(prompt)), cache=None, features=features,
-            num_features=jnp.int32(num_features), drafter_state=None,
-            key=jax.random.fold_in(jax.random.key(spec.seed), stream),
-            rounds=jnp.int32(0), done=jnp.bool_(False),
-            accepted_log=jnp.full((rounds_cap,), -1, jnp.int32),
-            nodes_log=jnp.full((rounds_cap,), -1, jnp.int32))
-        if drafter is not None:
-            # As the JAX engine: the drafter's own cache is built from the whole prompt's
-            # features, not only the last depth + 1 rows the loop carries.
-            context = dataclasses.replace(state.context(spec.draft_window),
-                                          features=prefill_features,
-                                          num_features=jnp.int32(prefill_features.shape[0]))
-            state = dataclasses.replace(state, drafter_state=drafter.init_state(
-                self.draft_params, context))
+        # The torch cache lives beside the state (``cache=None`` in it).
+        state = engine.state_after_prefill(
+            prompt, None, features, prefill_features, drafter, self.draft_params, spec,
+            capacity=capacity, key=jax.random.fold_in(jax.random.key(spec.seed), stream))
         return state, kv
 
     def running(self, state: DecodeState, kv: TorchKVCache) -> bool:

@@ -168,22 +168,36 @@ def init_state(teacher: Teacher, drafter: Any, draft_params: Any, prompt_ids: Se
                         teacher.params["embed"].dtype)
     features = jnp.zeros((spec.depth + 1, n_feat, cfg.hidden_size),
                          teacher.params["embed"].dtype)
-    num_features = 0
     prefill_features = features[:0]
     if len(prompt) > 1:
         kv, prefill_features = prefill(
             teacher.params, cfg, prompt[:-1], kv,
             feature_layers=drafter.feature_layers if drafter is not None else ())
-        take = min(len(prompt) - 1, spec.depth + 1)
+    return state_after_prefill(prompt, kv, features, prefill_features, drafter, draft_params,
+                               spec, capacity=capacity, key=key)
+
+
+def state_after_prefill(prompt: np.ndarray, cache: Any, features: jax.Array,
+                        prefill_features: jax.Array, drafter: Any, draft_params: Any,
+                        spec: SpecConfig, *, capacity: int, key: jax.Array) -> DecodeState:
+    """The state whose root is the prompt's last token, ``prompt[:-1]`` already prefilled.
+
+    Args:
+      prompt: the prompt ids.
+      cache: the teacher's cache after the prefill (any backend's; kept as given).
+      features: ``[D + 1, F, H]`` zeros, the loop's feature buffer.
+      prefill_features: ``[P - 1, F, H]`` teacher features of the prefilled tokens.
+    """
+    take = min(prefill_features.shape[0], spec.depth + 1)
+    if take:
         features = features.at[:take].set(prefill_features[-take:])
-        num_features = take
     buffer = np.zeros((capacity + spec.depth + 2,), np.int32)
     buffer[: len(prompt)] = prompt
     rounds_cap = spec.max_new_tokens + 1
     state = DecodeState(
         tokens=jnp.asarray(buffer), num_tokens=jnp.int32(len(prompt)),
-        prompt_len=jnp.int32(len(prompt)), cache=kv, features=features,
-        num_features=jnp.int32(num_features), drafter_state=None, key=key,
+        prompt_len=jnp.int32(len(prompt)), cache=cache, features=features,
+        num_features=jnp.int32(take), drafter_state=None, key=key,
         rounds=jnp.int32(0), done=jnp.bool_(False),
         accepted_log=jnp.full((rounds_cap,), -1, jnp.int32),
         nodes_log=jnp.full((rounds_cap,), -1, jnp.int32))
