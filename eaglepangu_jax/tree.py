@@ -291,6 +291,43 @@ def from_paths(
     return _assemble(tokens, jnp.where(valid, parents, 0), valid, scores, d)
 
 
+def keep_best(tree: Tree, n: Int[ArrayLike, ""]) -> Tree:
+    """The root plus the ``n`` best-scored valid nodes of ``tree``, packed into the front slots.
+
+    This is how a node budget (e.g. the roofline controller's) applies to a tree a drafter
+    built itself: nodes are ranked by ``logscore`` (NaN counts as ``-inf``; ties go to the
+    lower slot, so a parent outranks a child of equal score), a node whose parent is not kept
+    is dropped too (validity closure), and the kept nodes move to slots ``1..m`` in their
+    original order (still topological). Packing matters: the engine verifies the smallest
+    slot bucket holding the last valid slot, so a pruned tree must not leave nodes behind.
+
+    Args:
+      tree: any valid tree.
+      n: node budget, root excluded (clipped to ``[0, N - 1]``; dynamic).
+
+    Returns:
+      A tree of the same static shape with at most ``n`` valid nodes besides the root.
+    """
+    slots = tree.num_slots
+    index = jnp.arange(slots, dtype=jnp.int32)
+    score = jnp.where(jnp.isnan(tree.logscore), -jnp.inf, tree.logscore)
+    score = jnp.where(tree.valid & (index > 0), score, -jnp.inf).at[0].set(jnp.inf)
+    order = jnp.argsort(-score, stable=True)  # the root first, then by score, ties by slot
+    rank = jnp.zeros((slots,), jnp.int32).at[order].set(index)
+    keep = tree.valid & (rank <= jnp.asarray(n, jnp.int32))
+
+    def close(kept, i):
+        return kept.at[i].set(kept[i] & kept[tree.parents[i]]), None
+
+    keep, _ = jax.lax.scan(close, keep.at[0].set(True), jnp.arange(1, slots, dtype=jnp.int32))
+    new_slot = jnp.cumsum(keep.astype(jnp.int32)) - 1  # where each kept slot moves
+    old_slot = jnp.argsort(~keep, stable=True).astype(jnp.int32)  # kept slots first, in order
+    live = index < jnp.sum(keep.astype(jnp.int32))
+    parents = jnp.where(live, new_slot[tree.parents[old_slot]], 0)
+    return _assemble(jnp.where(live, tree.tokens[old_slot], 0), parents, live,
+                     jnp.where(live, tree.logscore[old_slot], -jnp.inf), tree.max_depth)
+
+
 def check(tree: Tree) -> dict[str, Bool[Array, "N"]]:
     """Evaluate every invariant per slot on an arbitrary (maybe hand-built) tree.
 

@@ -226,6 +226,23 @@ def test_auto_policy_uses_the_controller(teacher):
         gen.generate(teacher, drafter, PROMPT, spec)
 
 
+def test_auto_policy_prunes_a_drafter_built_tree(teacher):
+    """Under "auto" a tree-proposing drafter's tree is cut to the controller's node count."""
+    expected = naive_greedy(teacher, PROMPT, 12)
+    drafter = OracleTreeDrafter(tuple(expected), len(PROMPT), 8, 3)
+    spec = SpecConfig(policy="auto", budget=8, depth=3, max_new_tokens=12, eos_id=NO_EOS)
+    # Every node scores 0 (rho = 1): with cost rising 5 per node, a node never pays for itself;
+    # with a flat cost every node does.
+    steep = jnp.asarray([1.0 + 5.0 * n for n in range(9)], jnp.float32)
+    pruned = gen.generate(teacher, drafter, PROMPT, spec, verify_latency=steep)
+    flat = jnp.ones((9,), jnp.float32)
+    full = gen.generate(teacher, drafter, PROMPT, spec, verify_latency=flat)
+    assert pruned.tokens == expected and full.tokens == expected
+    assert set(pruned.stats.nodes_per_round) == {0}
+    assert pruned.stats.accepted_length == 1.0
+    assert min(full.stats.nodes_per_round) > 0 and full.stats.accepted_length > 1.2
+
+
 def test_reference_and_performance_modes_agree(teacher, monkeypatch):
     expected = naive_greedy(teacher, PROMPT, 10)
     drafter = OracleTreeDrafter(tuple(expected), len(PROMPT), 6, 3)

@@ -211,3 +211,56 @@ def test_from_paths_matches_trie_oracle(data, budget):
         np.testing.assert_allclose(np.exp(float(t.logscore[i])), counts[prefix] / total,
                                    rtol=1e-5)
     assert int(t.tokens[0]) == 9
+
+
+# ----------------------------------------------------------------------------- keep_best
+
+
+def test_keep_best_literal():
+    # root -> 1 (-0.1) -> 3 (-0.5), root -> 2 (-2.0), 1 -> 4 (-0.3); keep the best 2 nodes.
+    t = T.from_parents([0, 0, 0, 1, 1], tokens=[9, 11, 12, 13, 14],
+                       logscore=[0.0, -0.1, -2.0, -0.5, -0.3], max_depth=2)
+    k = T.keep_best(t, 2)
+    np.testing.assert_array_equal(k.valid, [True, True, True, False, False])
+    np.testing.assert_array_equal(k.tokens[:3], [9, 11, 14])  # packed, original order
+    np.testing.assert_array_equal(k.parents[:3], [0, 0, 1])
+    np.testing.assert_allclose(k.logscore[:3], [0.0, -0.1, -0.3])
+    assert bool(T.is_valid(k))
+    none = T.keep_best(t, 0)
+    np.testing.assert_array_equal(none.valid, [True, False, False, False, False])
+    everything = T.keep_best(t, 10)
+    np.testing.assert_array_equal(everything.tokens, t.tokens)
+    np.testing.assert_array_equal(everything.parents, t.parents)
+
+
+_keep_best_jit = jax.jit(T.keep_best)
+
+
+@given(valid_parents(), st.lists(st.floats(-8.0, 0.0), min_size=12, max_size=12),
+       st.integers(0, 12))
+def test_keep_best_matches_oracle(data, own, n):
+    """Oracle: with path scores non-increasing along paths, the kept set is the top-n valid
+    nodes by (score desc, slot asc), and the packed tree has the same root paths of tokens."""
+    parents, valid = data
+    from eaglepangu_jax.scoring import path_logscores
+
+    scores = np.asarray(path_logscores(parents, np.asarray([0.0] + own[1:], np.float32)))
+    tokens = np.arange(100, 112, dtype=np.int32)
+    t = T.from_parents(parents, tokens=tokens, valid=valid, logscore=scores, max_depth=12)
+    k = _keep_best_jit(t, jnp.int32(n))
+    assert bool(T.is_valid(k))
+    ranked = sorted((i for i in range(1, 12) if valid[i]), key=lambda i: (-scores[i], i))
+    expected = sorted(ranked[:n])
+    m = len(expected)
+    np.testing.assert_array_equal(np.asarray(k.valid), np.arange(12) <= m)
+    np.testing.assert_array_equal(np.asarray(k.tokens[1:m + 1]), tokens[expected])
+
+    def token_path(tree, i):
+        out = []
+        while i:
+            out.append(int(tree.tokens[i]))
+            i = int(tree.parents[i])
+        return out[::-1]
+
+    for new, old in enumerate(expected, start=1):
+        assert token_path(k, new) == token_path(t, old)

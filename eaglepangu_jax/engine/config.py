@@ -17,8 +17,9 @@ class SpecConfig:
         ``"drafter"``: the drafter proposes the tree itself (n-gram, EAGLE-style heads);
         ``"best_first"``: the top-``budget`` prefixes of the drafter's per-depth marginals;
         ``"auto"``: best-first with the roofline controller choosing the node count each round
-        (``budget`` is then the ceiling); ``"static"``: a fixed choice-list topology filled
-        with the drafter's top-k tokens per depth.
+        (``budget`` is then the ceiling; for a drafter that builds its own tree, the controller
+        keeps that many of its best-scored nodes); ``"static"``: a fixed choice-list topology
+        filled with the drafter's top-k tokens per depth.
       budget: tree nodes per round, root excluded (the ceiling under ``"auto"``).
       depth: deepest tree node (``D``).
       top_k: candidates per depth kept from marginals (``None``: ``budget``).

@@ -52,6 +52,32 @@ def controller_budget(
     return budget_lib.choose_budget(candidate.logscore[1:], verify_latency, t_draft, t_other)
 
 
+def prune_by_controller(
+    tree: tree_lib.Tree,
+    verify_latency: Float[Array, "N"],
+    t_draft: Float[Array, ""] | float = 0.0,
+    t_other: Float[Array, ""] | float = 0.0,
+) -> tree_lib.Tree:
+    """BASTION's stop rule applied to a tree the drafter built itself (EAGLE-2-style heads).
+
+    The drafter's nodes, sorted by path score, play the role of the best-first order: the
+    controller picks how many of them pay for their verification, and
+    :func:`eaglepangu_jax.tree.keep_best` keeps those (packed to the front, so the engine
+    verifies a smaller slot bucket when the drafter is unsure).
+    """
+    scores = jnp.where(tree.valid[1:], tree.logscore[1:], -jnp.inf)
+    scores = -jnp.sort(-jnp.where(jnp.isnan(scores), -jnp.inf, scores))
+    n = budget_lib.choose_budget(scores, verify_latency, jnp.float32(t_draft),
+                                 jnp.float32(t_other))
+    return tree_lib.keep_best(tree, n)
+
+
+def _need_latency(verify_latency: Float[Array, "N"] | None) -> Float[Array, "N"]:
+    if verify_latency is None:
+        raise ValueError("policy 'auto' needs the verify latency curve (a calibration)")
+    return verify_latency
+
+
 def build_tree(
     proposal: Proposal,
     root_token: Int[Array, ""],
@@ -75,6 +101,8 @@ def build_tree(
         if proposal.tree is None:
             raise ValueError("the drafter proposed neither a tree nor marginals")
         tree = fit(proposal.tree, spec)
+        if spec.policy == "auto":
+            tree = prune_by_controller(tree, _need_latency(verify_latency), t_draft, t_other)
         return tree, jnp.sum(tree.valid[1:]).astype(jnp.int32)
     marginals = proposal.marginals[: spec.depth]
     if marginals.shape[0] < spec.depth:
@@ -84,10 +112,9 @@ def build_tree(
         tree = scoring.best_first(marginals, root_token, budget=spec.budget, top_k=spec.top_k)
         return tree, jnp.sum(tree.valid[1:]).astype(jnp.int32)
     if spec.policy == "auto":
-        if verify_latency is None:
-            raise ValueError("policy 'auto' needs the verify latency curve (a calibration)")
         full = scoring.best_first(marginals, root_token, budget=spec.budget, top_k=spec.top_k)
-        n = controller_budget(full, verify_latency, jnp.float32(t_draft), jnp.float32(t_other))
+        n = controller_budget(full, _need_latency(verify_latency), jnp.float32(t_draft),
+                              jnp.float32(t_other))
         keep = jnp.arange(spec.budget + 1) <= n
         tree = tree_lib.from_parents(full.parents, tokens=full.tokens, valid=full.valid & keep,
                                      logscore=full.logscore, max_depth=spec.depth)
