@@ -31,6 +31,13 @@ commands:
   bench      run greedy and speculative methods side by side on a prompt suite
   trace      read the per-round traces written by 'generate --trace'
   demo       a few-minute side-by-side comparison (what 'make run' shows)
+
+experiments (each a grid of settings run side by side with greedy; JSON + PNG):
+  sweep          tree nodes x max depth: speed-up and accepted length, the sweet spot
+  ablate-window  the drafter sees only the last W tokens (W = 128, 256, 512, full)
+  budgets        best-first at fixed budgets vs the 'auto' roofline controller, per category
+  calibrate      time the verify forward on this machine, fit the roofline, save it
+  train-draft    reproduce a shipped drafter (self-distillation + training)
 """
 
 EPILOG = """\
@@ -46,6 +53,10 @@ examples:
   eaglepangu bench --prompts my_prompts.jsonl --json bench.json
   eaglepangu demo
   eaglepangu --no-compile-cache demo
+  eaglepangu sweep --drafter ngram --nodes 4,8,16 --depth 2,4,6 --suite mtbench-humaneval \
+      --limit 4 --json sweep.json --plot-dir plots
+  eaglepangu ablate-window --drafter eagle3 --suite mtbench --limit 4 --json window.json
+  eaglepangu budgets --drafter block --suite mtbench-humaneval --limit 8 --json budgets.json
 
 Compiled programs are kept on disk (see --compile-cache), so the first run of a command
 compiles for a while and later runs start quickly.
@@ -196,6 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="reproduce the shipped EAGLE-3 drafter (self-distillation + training)",
         description="Self-distil training data from the teacher (cached shards), build the\n"
                     "draft vocabulary, train the head; '--help' after it lists its options.")
+    from eaglepangu_jax import experiments
+
+    for name, (add_arguments, _) in experiments.COMMANDS.items():
+        e = sub.add_parser(name, formatter_class=_Formatter,
+                           help=experiments.DESCRIPTIONS[name].split(";")[0],
+                           description=experiments.DESCRIPTIONS[name])
+        add_arguments(e)
+        e.set_defaults(command_parser=e)
     for command_parser in (g, b, ts, d):
         command_parser.set_defaults(command_parser=command_parser)
     return parser
@@ -470,7 +489,11 @@ def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: An
         return cmd_bench(sub, args, teacher, renderer)
     if args.command == "trace":
         return cmd_trace(sub, args)
-    return cmd_demo(sub, args, teacher, renderer)
+    if args.command == "demo":
+        return cmd_demo(sub, args, teacher, renderer)
+    from eaglepangu_jax import experiments
+
+    return experiments.COMMANDS[args.command][1](args, teacher=teacher, renderer=renderer)
 
 
 if __name__ == "__main__":
