@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from eaglepangu_jax import cache as kv_cache
-from eaglepangu_jax import suites
+from eaglepangu_jax import calibrate, peers, suites
+from eaglepangu_jax.engine.generate import Teacher
 from eaglepangu_jax.models import chat, decode, llama, smollm2, tokenizer
 
 
@@ -73,21 +74,22 @@ def _streamed_bytes(params: dict) -> int:
 
 def _greedy_rows(args, config, params) -> list[dict]:
     prompts = _prompts(args.mtbench, args.humaneval)
-    model = _load_transformers(args.torch_threads)
+    peers.set_torch_threads(args.torch_threads)
+    model = peers.load_transformers_teacher()
     rows = []
     for name, ids in prompts:
         # Warm-up run of both: compilation (JAX) and allocator warm-up (torch) are not timed.
         decode.greedy_generate(params, config, ids, args.new_tokens)
-        _hf_generate(model, ids, args.new_tokens)
+        _hf_generate(model, ids, args.new_tokens, config.eos_id)
         jax_times, hf_times, jax_pre, hf_pre = [], [], [], []
         for _ in range(args.repeats):
             jax_pre.append(_timed(lambda: _jax_prefill(params, config, ids, args.new_tokens)))
             t0 = time.perf_counter()
             ours = decode.greedy_generate(params, config, ids, args.new_tokens)
             jax_times.append(time.perf_counter() - t0)
-            hf_pre.append(_timed(lambda: _hf_generate(model, ids, 1)))
+            hf_pre.append(_timed(lambda: _hf_generate(model, ids, 1, config.eos_id)))
             t0 = time.perf_counter()
-            theirs = _hf_generate(model, ids, args.new_tokens)
+            theirs = _hf_generate(model, ids, args.new_tokens, config.eos_id)
             hf_times.append(time.perf_counter() - t0)
         n = args.new_tokens
         jax_t, hf_t = min(jax_times), min(hf_times)
@@ -112,41 +114,19 @@ def _greedy_rows(args, config, params) -> list[dict]:
 def verify_curve(params, config, contexts, nodes, repeats) -> list[dict]:
     """Milliseconds of one verify forward over ``N`` nodes after ``c`` committed tokens.
 
-    All node counts of a context are compiled first, then timed round-robin and the fastest
-    of ``repeats`` runs kept, so that load from other processes biases no single ``N``.
+    Timed by :func:`eaglepangu_jax.calibrate.measure_grid`: the engine's own verify forward,
+    every point compiled first, then timed round-robin (so that load from other processes
+    biases no single ``N``) and the median of ``repeats`` runs kept.
     """
+    samples = calibrate.measure_grid(Teacher(config, params), nodes, contexts, repeats)
     rows = []
-    slots = max(contexts) + max(nodes)
     for c in contexts:
-        runs = {}
-        for n in nodes:
-            window = llama.window_bucket(c + n, slots)
-            cache = kv_cache.init(config.num_layers, slots, config.num_kv_heads,
-                                  config.head_dim)
-            cache = kv_cache.KVCache(k=cache.k, v=cache.v, length=jnp.int32(c))
-            positions = c + jnp.arange(n, dtype=jnp.int32)
-            # A chain mask: the cost does not depend on the tree's shape, only on N.
-            mask = jnp.arange(window)[None, :] <= positions[:, None]
-            runs[n] = [positions + 100, positions, cache, mask]
-            _verify_once(params, config, runs[n])  # compiles
-        best = {n: float("inf") for n in nodes}
-        for _ in range(repeats):
-            for n in nodes:
-                best[n] = min(best[n], _verify_once(params, config, runs[n]))
-        for n in nodes:
-            rows.append({"context": c, "nodes": n, "ms": 1e3 * best[n],
-                         "relative": best[n] / best[nodes[0]]})
+        base = next(x.seconds for x in samples if x.context == c and x.slots == nodes[0])
+        for x in (x for x in samples if x.context == c):
+            rows.append({"context": c, "nodes": x.slots, "window": x.window,
+                         "ms": 1e3 * x.seconds, "relative": x.seconds / base})
         print(f"  verify curve, context {c}: done", file=sys.stderr)
     return rows
-
-
-def _verify_once(params, config, run: list) -> float:
-    """Time one verify forward; ``run`` = [tokens, positions, cache, mask], cache updated."""
-    tokens, positions, cache, mask = run
-    t0 = time.perf_counter()
-    logits, _, run[2] = decode.verify_forward(params, config, tokens, positions, cache, mask)
-    logits.block_until_ready()
-    return time.perf_counter() - t0
 
 
 def _jax_prefill(params, config, ids, new_tokens):
@@ -163,29 +143,10 @@ def _prompts(n_mtbench: int, n_humaneval: int) -> list[tuple[str, list[int]]]:
             for c in chosen]
 
 
-def _load_transformers(threads: int | None):
-    import torch  # the reference stack stays at the edge: imported only here
-    import transformers
-
-    if threads:
-        torch.set_num_threads(threads)
-    path = smollm2.find_smollm2_gguf()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    model.eval()
-    return model
-
-
-def _hf_generate(model, ids, new_tokens) -> list[int]:
-    import torch
-
-    inputs = torch.tensor([ids])
-    with torch.no_grad():
-        out = model.generate(
-            inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens, do_sample=False, num_beams=1, temperature=None,
-            top_p=None, top_k=None, repetition_penalty=None, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+def _hf_generate(model, ids, new_tokens, eos_id) -> list[int]:
+    # Forced to the full length (eos suppressed): both sides time the same token count.
+    return peers.transformers_generate(model, ids, max_new_tokens=new_tokens, eos_id=eos_id,
+                                       force_length=True).tokens
 
 
 def _same_until_eos(ours, theirs, eos_id) -> bool:

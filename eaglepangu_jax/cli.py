@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Per-phase time totals and the histogram of accepted "
                                      "lengths of a trace file.")
     ts.add_argument("file", metavar="FILE", help="a trace (JSON Lines)")
+    ts.add_argument("--json", metavar="OUT", default=None, help="also write the summary as JSON")
 
     d = sub.add_parser(
         "demo", formatter_class=_Formatter, help="a few-minute side-by-side demo",
@@ -207,8 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="reproduce the shipped EAGLE-3 drafter (self-distillation + training)",
         description="Self-distil training data from the teacher (cached shards), build the\n"
                     "draft vocabulary, train the head; '--help' after it lists its options.")
-    from eaglepangu_jax import experiments
+    from eaglepangu_jax import calibrate, experiments
 
+    c = sub.add_parser(
+        "calibrate", formatter_class=_Formatter, help="time the verify forward, fit the roofline",
+        description="Time the teacher's verify forward on this machine over a grid of tree\n"
+                    "sizes and contexts, the engine's per-round overhead and each drafter's\n"
+                    "cost; fit the roofline, save it (JSON) where '--policy auto' finds it,\n"
+                    "and plot measured vs predicted latency.",
+        epilog="example:\n  eaglepangu calibrate --repeats 3 --plot calibration.png")
+    calibrate.add_arguments(c)
+    c.set_defaults(command_parser=c)
     for name, (add_arguments, _) in experiments.COMMANDS.items():
         e = sub.add_parser(name, formatter_class=_Formatter,
                            help=experiments.DESCRIPTIONS[name].split(";")[0],
@@ -415,12 +426,15 @@ def _run(methods, conversations, teacher, renderer, progress) -> dict[str, Any]:
 
 def cmd_trace(parser, args) -> int:
     """``eaglepangu trace summarize``."""
-    from eaglepangu_jax.engine.trace import summarize
+    from eaglepangu_jax.engine.trace import summarize, write_text_atomic
 
     try:
         summary = summarize(args.file)
     except (OSError, ValueError) as err:
         parser.error(str(err))
+    if args.json:
+        _writable(parser, args.json, "summary")
+        write_text_atomic(args.json, json.dumps(summary.to_json(), indent=1) + "\n")
     print(summary.to_text())
     return 0
 
@@ -491,6 +505,10 @@ def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: An
         return cmd_trace(sub, args)
     if args.command == "demo":
         return cmd_demo(sub, args, teacher, renderer)
+    if args.command == "calibrate":
+        from eaglepangu_jax import calibrate
+
+        return calibrate.run(args, teacher=teacher)
     from eaglepangu_jax import experiments
 
     return experiments.COMMANDS[args.command][1](args, teacher=teacher, renderer=renderer)

@@ -31,7 +31,6 @@
 # %%
 import os
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
@@ -39,10 +38,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from eaglepangu_jax import budget as budget_lib
-from eaglepangu_jax import cache as cache_lib
-from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax import calibrate
 from eaglepangu_jax import scoring
-from eaglepangu_jax import tree as tree_lib
+from eaglepangu_jax.engine.generate import Teacher
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.smollm2 import load_smollm2
 
@@ -151,42 +149,28 @@ plt.show()
 # ## 3. Timing the real teacher's verify forward on this machine
 #
 # Now the cost side. We load SmolLM2-135M-Instruct (float32) and time one verification forward
-# over `s = 1, 2, 4, 8, 16, 32` tree slots with 128 committed tokens in the KV cache. Each
-# forward is `llama.forward` with `mask.verify_mask`, jitted; every `s` is a new static shape,
-# so each compiles once (a few seconds), then runs seven times, the sizes interleaved. We keep
-# the fastest run: on a shared machine the minimum is the least disturbed measurement.
+# over `s = 1, 2, 4, 8, 16, 32` tree slots with 128 committed tokens in the KV cache.
+# `calibrate.measure_grid` times the function the engine itself runs each round
+# (`step.verify_and_accept`: the tree-masked forward plus acceptance), jitted; every `s` is a
+# new static shape, so each compiles once (a few seconds, not timed), then runs seven times,
+# the sizes interleaved so that a busy moment hits all of them alike. We keep the median.
+#
+# The engine's attention reads a whole power-of-two *window* of the cache (here 256 slots),
+# masked, so the keys a forward reads are the window, not `c + s`: the roofline's `c` is
+# therefore the window minus the new tokens.
 
 # %%
 config, params = load_smollm2()
-params = llama.prepare_params(params)  # per-layer layout: faster repeated forwards
-CONTEXT, WINDOW = 128, 256
+teacher = Teacher(config, llama.prepare_params(params))  # per-layer layout: faster forwards
+CONTEXT, SLOTS = 128, (1, 2, 4, 8, 16, 32)
+grid = calibrate.measure_grid(teacher, SLOTS, (CONTEXT,), repeats=7)
+WINDOW = grid[0].window
+assert all(x.window == WINDOW for x in grid), "one window for every size here"
+for x in grid:
+    print(f"s = {x.slots:2d} slots: {1e3 * x.seconds:6.1f} ms (fastest {1e3 * min(x.times):6.1f})")
+# Rows of (s, attended context W - s, seconds), the regressors of the roofline fit.
+samples = np.array([(x.slots, WINDOW - x.slots, x.seconds) for x in grid])
 
-
-@jax.jit
-def verify_forward(params, tree, kv):
-    attend = mask_lib.verify_mask(tree, kv.length, WINDOW)
-    positions = tree_lib.positions(tree, kv.length)
-    logits, _, _ = llama.forward(params, tree.tokens, positions, kv, attend, config=config)
-    return logits
-
-
-kv = cache_lib.truncate(
-    cache_lib.init(config.num_layers, WINDOW, config.num_kv_heads, config.head_dim), CONTEXT)
-trees = {s: tree_lib.chain(s, tokens=jnp.arange(s, dtype=jnp.int32) + 100)
-         for s in (1, 2, 4, 8, 16, 32)}
-for tree in trees.values():
-    jax.block_until_ready(verify_forward(params, tree, kv))  # compile each shape once
-runs = {s: [] for s in trees}
-for _ in range(7):  # interleaved, so that a busy moment hits every size alike
-    for s, tree in trees.items():
-        start = time.perf_counter()
-        jax.block_until_ready(verify_forward(params, tree, kv))
-        runs[s].append(time.perf_counter() - start)
-samples = []
-for s, times in runs.items():
-    samples.append((s, CONTEXT, min(times)))
-    print(f"s = {s:2d} slots: {1e3 * min(times):6.1f} ms (median {1e3 * np.median(times):6.1f})")
-samples = np.array(samples)
 
 # %% [markdown]
 # ## 4. Calibrating the roofline
@@ -197,6 +181,8 @@ samples = np.array(samples)
 # shape; `F` and `BW` are the machine's peak FLOP/s and memory bandwidth. We start from
 # figures typical of this CPU class (about 165 GFLOP/s in float32 matrix products, 24 GB/s);
 # `calibrate` fits the efficiencies `a` and overheads `b` (all non-negative) to the timings.
+# (`eaglepangu calibrate` does all of this over a grid of sizes and contexts, adds the
+# per-round overheads and saves the result for the engine's `"auto"` policy.)
 
 # %%
 cpu = budget_lib.Roofline.for_llama(config, peak_flops=165e9, bandwidth=24e9)
@@ -204,11 +190,12 @@ calib = budget_lib.calibrate(cpu, samples)
 print({name: float(getattr(calib, name)) for name in ("a_c", "b_c", "a_m", "b_m")})
 
 s_grid = np.arange(1, 65)
-fitted = np.asarray(budget_lib.latency(cpu, calib, s_grid, CONTEXT))
-ideal = np.asarray(budget_lib.latency(cpu, budget_lib.Calibration.ideal(), s_grid, CONTEXT))
+fitted = np.asarray(budget_lib.latency(cpu, calib, s_grid, WINDOW - s_grid))
+ideal = np.asarray(budget_lib.latency(cpu, budget_lib.Calibration.ideal(), s_grid,
+                                      WINDOW - s_grid))
 
 fig, ax = plt.subplots(figsize=(6.5, 4))
-ax.plot(samples[:, 0], 1e3 * samples[:, 2], "o", label="measured (jitted forward)")
+ax.plot(samples[:, 0], 1e3 * samples[:, 2], "o", label="measured (engine verify, median)")
 ax.plot(s_grid, 1e3 * fitted, label="calibrated roofline")
 ax.plot(s_grid, 1e3 * ideal, ls="--", label="ideal roofline (peaks, no overhead)")
 ax.set_title(f"Verify forward latency, SmolLM2-135M, {CONTEXT} cached tokens")
@@ -237,9 +224,11 @@ plt.show()
 
 # %%
 logscores = big.logscore[1:]
+# The attended context of a forward over root + n nodes: the window minus its new tokens.
+ATTENDED = jnp.asarray(WINDOW - np.arange(1, MAX_BUDGET + 2), jnp.float32)
 
 
-def controller(roofline, calibration, context=CONTEXT):
+def controller(roofline, calibration, context=ATTENDED):
     """The chosen budget and the S(N) curve for one hardware model."""
     verify = budget_lib.verify_latencies(roofline, calibration, context, max_nodes=MAX_BUDGET)
     t_draft = t_other = 0.1 * float(verify[0])

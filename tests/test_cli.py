@@ -140,9 +140,13 @@ def test_generate_on_a_tiny_teacher(teacher, tmp_path, capsys):
     assert record["accepted_length"] == pytest.approx(record["new_tokens"] / record["rounds"])
     assert len(trace.read_trace(trace_path)) == record["rounds"]
 
-    assert cli.main(["trace", "summarize", str(trace_path)]) == 0
+    summary_path = tmp_path / "summary.json"
+    assert cli.main(["trace", "summarize", str(trace_path), "--json", str(summary_path)]) == 0
     summary = capsys.readouterr().out
     assert "verify" in summary and "accepted" in summary
+    totals = json.loads(summary_path.read_text())
+    assert totals["rounds"] == record["rounds"] and totals["new_tokens"] == record["new_tokens"]
+    assert sum(totals["accepted_histogram"].values()) == record["rounds"]
 
 
 def test_generate_raw_and_default_drafter(teacher, capsys, monkeypatch):

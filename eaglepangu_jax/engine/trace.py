@@ -285,6 +285,13 @@ class TraceSummary:
         """Emitted tokens per round, bonus included."""
         return self.new_tokens / self.rounds if self.rounds else 0.0
 
+    def to_json(self) -> dict:
+        """The summary as a JSON-ready dict (histogram keys become strings)."""
+        return {"rounds": self.rounds, "new_tokens": self.new_tokens,
+                "accepted_length": self.accepted_length, "total_seconds": self.total_seconds,
+                "phase_seconds": dict(self.phase_seconds),
+                "accepted_histogram": {str(k): v for k, v in self.accepted_histogram.items()}}
+
     def to_text(self) -> str:
         """A human-readable report: phase totals and the acceptance histogram."""
         total = self.total_seconds
