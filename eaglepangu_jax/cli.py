@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 from eaglepangu_jax import bench
 from eaglepangu_jax.engine.config import POLICIES, SpecConfig
-from eaglepangu_jax.suites import SUITES, Conversation, load_prompts, load_suite
+from eaglepangu_jax.suites import (SUITES, Conversation, load_prompts, load_suite,
+                                   per_category)
 
 DRAFTER_CHOICES = ("none", "ngram", "eagle3")
 DEMO_MAX_NEW_TOKENS = 96
@@ -176,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--suite", choices=SUITES, help="a shipped prompt suite")
     b.add_argument("--limit", type=_positive, default=None, metavar="N",
                    help="run only the first N conversations")
+    b.add_argument("--per-category", type=_positive, default=None, metavar="N",
+                   help="run only the first N conversations of every category (applied "
+                        "before --limit)")
     _add_tree_options(b, max_new_tokens=128)
     b.add_argument("--methods", default=None, metavar="LIST",
                    help=f"comma-separated, from {', '.join(bench.METHODS)}; greedy always "
@@ -392,6 +396,8 @@ def _conversations(parser, args) -> list[Conversation]:
         conversations = load_prompts(args.prompts) if args.prompts else load_suite(args.suite)
     except (OSError, ValueError) as err:
         parser.error(str(err))
+    if args.per_category:
+        conversations = per_category(conversations, args.per_category)
     return conversations[: args.limit] if args.limit else conversations
 
 

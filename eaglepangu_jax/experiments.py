@@ -28,7 +28,8 @@ from typing import Any, Callable, Sequence
 
 from eaglepangu_jax import bench, grids, plots
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.suites import SUITES, Conversation, count_turns, load_prompts, load_suite
+from eaglepangu_jax.suites import (SUITES, Conversation, count_turns, load_prompts, load_suite,
+                                   per_category)
 
 DEFAULT_MAX_NEW_TOKENS = 64  # an experiment runs many cells: shorter answers than bench's
 DESCRIPTIONS = {
@@ -75,6 +76,9 @@ def _add_common(p: argparse.ArgumentParser, drafters: Sequence[str], default: st
                         help="conversations to run (JSON Lines, as for 'bench')")
     p.add_argument("--limit", type=_count("conversations"), default=None,
                    metavar="N", help="run only the first N conversations")
+    p.add_argument("--per-category", type=_count("conversations"), default=None, metavar="N",
+                   help="run only the first N conversations of every category (applied "
+                        "before --limit)")
     p.add_argument("--max-new-tokens", type=_count("tokens"),
                    default=DEFAULT_MAX_NEW_TOKENS, metavar="N",
                    help="tokens to generate per answer (fewer if the model stops; default: "
@@ -138,7 +142,10 @@ def _conversations(parser: argparse.ArgumentParser, args: argparse.Namespace
     option, source = ("--prompts", args.prompts) if args.prompts else ("--suite", args.suite)
     load = load_prompts if args.prompts else load_suite
     try:
-        return load(source)[: args.limit]  # a limit of None keeps them all
+        conversations = load(source)
+        if args.per_category:
+            conversations = per_category(conversations, args.per_category)
+        return conversations[: args.limit]  # a limit of None keeps them all
     except (OSError, ValueError) as err:
         parser.error(f"argument {option}: {err}")
     raise AssertionError("unreachable")
@@ -180,6 +187,8 @@ def _run(args: argparse.Namespace, conversations: list[Conversation],
     report = bench.run_bench(teacher, conversations, [greedy, *methods], renderer,
                              progress=args.progress)
     source = args.suite or Path(args.prompts).name
+    if args.per_category:
+        source += f" (first {args.per_category} per category)"
     if args.limit:
         source += f" (first {len(conversations)} conversations)"
     turns = count_turns(conversations)

@@ -23,7 +23,7 @@ import json
 from importlib import resources
 from os import PathLike
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 MTBENCH_FILE = "mt_bench_questions.jsonl"
 HUMANEVAL_FILE = "HumanEval.jsonl.gz"
@@ -66,6 +66,20 @@ class Conversation:
 def count_turns(conversations: Iterable[Conversation]) -> int:
     """Total user turns over ``conversations``."""
     return sum(len(c.turns) for c in conversations)
+
+
+def per_category(conversations: Sequence[Conversation], n: int) -> list[Conversation]:
+    """The first ``n`` conversations of every category, in the original order (a small
+    sample that still covers every category, e.g. for per-category comparisons)."""
+    if n < 1:
+        raise ValueError(f"per-category count must be >= 1, got {n}")
+    seen: dict[str, int] = {}
+    chosen = []
+    for c in conversations:
+        seen[c.category] = seen.get(c.category, 0) + 1
+        if seen[c.category] <= n:
+            chosen.append(c)
+    return chosen
 
 
 def iter_turns(conversations: Iterable[Conversation]) -> Iterator[Turn]:

@@ -97,3 +97,17 @@ def test_empty_file_is_an_error(tmp_path, content):
     path.write_text(content)
     with pytest.raises(ValueError, match="empty"):
         suites.load_prompts(path)
+
+
+def test_per_category_keeps_the_first_n_of_each_category_in_order():
+    convs = [suites.Conversation(id=str(i), category=c, turns=("x",))
+             for i, c in enumerate(["a", "b", "a", "a", "c", "b"])]
+    assert [c.id for c in suites.per_category(convs, 1)] == ["0", "1", "4"]
+    assert [c.id for c in suites.per_category(convs, 2)] == ["0", "1", "2", "4", "5"]
+    suite = suites.per_category(suites.load_suite("mtbench-humaneval"), 2)
+    counts = {}
+    for c in suite:
+        counts[c.category] = counts.get(c.category, 0) + 1
+    assert len(counts) == 9 and set(counts.values()) == {2}
+    with pytest.raises(ValueError, match="per-category count must be >= 1"):
+        suites.per_category(convs, 0)
