@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import numpy as np
 
 from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax import peers
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.generate import GenerationResult, Teacher, generate
 from eaglepangu_jax.engine.trace import write_text_atomic
@@ -39,7 +41,10 @@ from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.suites import Conversation, count_turns
 
 REFERENCE = "greedy"
-METHODS = ("greedy", "ngram", "eagle3")
+# Peers: other implementations decoding the same GGUF file, run beside ours; the value is the
+# prompt-lookup candidate count (None: plain greedy).
+PEER_METHODS = {"transformers-greedy": None, "transformers-pld": peers.PROMPT_LOOKUP_TOKENS}
+METHODS = ("greedy", "ngram", "eagle3", "block", *PEER_METHODS)
 DEFAULT_BUDGET = 8  # tree nodes; the seeds' M = 16 verifies too slowly on 2 CPU cores
 DEFAULT_DEPTH = 6  # deepest draft node
 # Rough figures of a 2-core CPU host (f32 matmul throughput, memory read bandwidth) for the
@@ -54,20 +59,35 @@ _COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration",
 
 
 class DrafterUnavailableError(RuntimeError):
-    """A drafter was asked for that this installation cannot provide (the message says why)."""
+    """A drafter (or peer) was asked for that this installation cannot provide (the message
+    says why)."""
 
 
 # ----------------------------------------------------------------------------- methods
 
 
+class PeerRunner(Protocol):
+    """Runs a method outside the JAX engine (see :mod:`eaglepangu_jax.peers`)."""
+
+    def __call__(self, prompt_ids: Sequence[int], spec: SpecConfig, *,
+                 eos_id: int) -> GenerationResult:
+        """Generate for ``prompt_ids``, counted like :func:`generate`: the generated ids, one
+        round per teacher forward, decode seconds apart from the prefill."""
+
+    def describe(self) -> dict[str, Any]:
+        """The runner's settings in effect (JSON-ready), for the report."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Method:
-    """One decoding method: a drafter (``None`` for greedy) and its run settings."""
+    """One decoding method and its run settings: a drafter for the JAX engine (``None`` for
+    greedy), or a ``runner`` that decodes instead of the engine (a peer implementation)."""
 
     name: str
     spec: SpecConfig
     drafter: Any = None
     draft_params: Any = None
+    runner: PeerRunner | None = None
 
 
 def parse_methods(text: str | Sequence[str]) -> tuple[str, ...]:
@@ -89,28 +109,40 @@ def parse_methods(text: str | Sequence[str]) -> tuple[str, ...]:
     return (REFERENCE,) + tuple(n for n in names if n != REFERENCE)
 
 
-def load_eagle3() -> tuple[Any, Any]:
-    """The shipped EAGLE-3 drafter and its weights.
+def load_shipped(name: str, **kwargs: Any) -> tuple[Any, Any]:
+    """A shipped drafter and its weights: ``drafters.<name>.load_shipped_<name>(**kwargs)``.
 
     Raises:
       DrafterUnavailableError: the drafter module or its shipped weights are missing or
         unreadable (the message says which).
     """
+    module_name = f"eaglepangu_jax.drafters.{name}"
     try:
-        from eaglepangu_jax.drafters import eagle3
+        module = importlib.import_module(module_name)
     except ImportError as err:
-        if isinstance(err, ModuleNotFoundError) and (err.name or "").endswith("drafters.eagle3"):
+        if isinstance(err, ModuleNotFoundError) and err.name == module_name:
             raise DrafterUnavailableError(
-                "the eagle3 drafter is not part of this installation") from None
-        raise DrafterUnavailableError(f"the eagle3 drafter cannot be imported: {err}") from err
-    loader = getattr(eagle3, "load_shipped_eagle3", None)
+                f"the {name} drafter is not part of this installation") from None
+        raise DrafterUnavailableError(f"the {name} drafter cannot be imported: {err}") from err
+    loader = getattr(module, f"load_shipped_{name}", None)
     if loader is None:
-        raise DrafterUnavailableError("the eagle3 module has no load_shipped_eagle3()")
+        raise DrafterUnavailableError(f"the {name} module has no load_shipped_{name}()")
     try:
-        return loader()
+        return loader(**kwargs)
     except (ImportError, OSError, ValueError, KeyError) as err:
-        raise DrafterUnavailableError(f"the eagle3 shipped weights could not be loaded: "
+        raise DrafterUnavailableError(f"the {name} shipped weights could not be loaded: "
                                       f"{err}") from err
+
+
+def load_eagle3() -> tuple[Any, Any]:
+    """The shipped EAGLE-3 drafter and its weights (see :func:`load_shipped`)."""
+    return load_shipped("eagle3")
+
+
+def load_block(*, budget: int = DEFAULT_BUDGET) -> tuple[Any, Any]:
+    """The shipped block drafter at its trained depth, and its weights (see
+    :func:`load_shipped`)."""
+    return load_shipped("block", budget=budget)
 
 
 def configure_drafter(drafter: Any, *, budget: int, depth: int) -> Any:
@@ -123,29 +155,41 @@ def configure_drafter(drafter: Any, *, budget: int, depth: int) -> Any:
 
 
 def make_method(name: str, spec: SpecConfig, *, default_depth: bool = False,
-                eagle3_loader: Callable[[], tuple[Any, Any]] | None = None) -> Method:
+                eagle3_loader: Callable[[], tuple[Any, Any]] | None = None,
+                torch_threads: int | None = None) -> Method:
     """Build a benchmark method; ``spec``'s budget and depth configure the drafter.
 
     Args:
       name: one of :data:`METHODS`.
-      spec: the run settings.
+      spec: the run settings. The block drafter proposes marginals, not a tree: under the
+        default ``"drafter"`` policy it runs ``"auto"`` (best-first, roofline-sized trees).
       default_depth: ``spec.depth`` is a default the user did not choose: a shipped drafter
         keeps the depth it comes with (EAGLE-3's head was trained for its own), and a drafter
         whose maximum is lower lowers it, instead of failing.
       eagle3_loader: returns the EAGLE-3 ``(drafter, params)`` (default: :func:`load_eagle3`).
+      torch_threads: torch's threads for the transformers peers (``None``: torch's default;
+        see :class:`~eaglepangu_jax.peers.TransformersPeer`).
 
     Raises:
       ValueError: unknown name, or a depth above the drafter's maximum.
-      DrafterUnavailableError: eagle3 was asked for and cannot be loaded.
+      DrafterUnavailableError: a shipped drafter was asked for and cannot be loaded, or a peer
+        whose packages are not installed.
     """
     from eaglepangu_jax.drafters import make_drafter
 
     if name == REFERENCE:
         return Method(name=name, spec=spec)
+    if name in PEER_METHODS:
+        return _peer_method(name, spec, torch_threads)
     if name == "ngram":
         drafter, params = make_drafter("ngram", depth=spec.depth, budget=spec.budget), None
-    elif name == "eagle3":
-        drafter, params = (eagle3_loader or load_eagle3)()
+    elif name in ("eagle3", "block"):
+        if name == "eagle3":
+            drafter, params = (eagle3_loader or load_eagle3)()
+        else:
+            drafter, params = load_block(budget=spec.budget)
+            if spec.policy == "drafter":
+                spec = dataclasses.replace(spec, policy="auto")
         if default_depth:
             spec = dataclasses.replace(spec, depth=drafter.max_depth)
         drafter = configure_drafter(drafter, budget=spec.budget, depth=spec.depth)
@@ -158,6 +202,18 @@ def make_method(name: str, spec: SpecConfig, *, default_depth: bool = False,
         spec = dataclasses.replace(spec, depth=drafter.max_depth)
         drafter = configure_drafter(drafter, budget=spec.budget, depth=spec.depth)
     return Method(name=name, spec=spec, drafter=drafter, draft_params=params)
+
+
+def _peer_method(name: str, spec: SpecConfig, torch_threads: int | None) -> Method:
+    try:
+        peers.check_reference_stack()
+    except peers.ReferenceStackMissingError as err:
+        raise DrafterUnavailableError(f"{name}: {err}") from None
+    if spec.sampling:
+        raise ValueError(f"{name} decodes greedily; it cannot run a sampling spec")
+    runner = peers.TransformersPeer(prompt_lookup=PEER_METHODS[name],
+                                    torch_threads=torch_threads)
+    return Method(name=name, spec=spec, runner=runner)
 
 
 def auto_verify_latency(config: LlamaConfig, spec: SpecConfig, context: int) -> Any:
@@ -239,6 +295,18 @@ class CompileWatch:
             jax.monitoring.unregister_event_duration_listener(self._listen)
 
 
+def generate_with(teacher: Teacher, method: Method, prompt_ids: Sequence[int]
+                  ) -> GenerationResult:
+    """One generation with ``method``: its peer runner, or the JAX engine on ``teacher``."""
+    if method.runner is not None:
+        eos_id = teacher.config.eos_id if method.spec.eos_id is None else method.spec.eos_id
+        return method.runner(prompt_ids, method.spec, eos_id=eos_id)
+    return generate(teacher, method.drafter, prompt_ids, method.spec,
+                    draft_params=method.draft_params,
+                    verify_latency=auto_verify_latency(teacher.config, method.spec,
+                                                       len(prompt_ids)))
+
+
 def run_method(teacher: Teacher, method: Method, prompt_ids: Sequence[int]
                ) -> tuple[GenerationResult, float]:
     """Generate with ``method``; a run that compiled is discarded and run again.
@@ -246,16 +314,15 @@ def run_method(teacher: Teacher, method: Method, prompt_ids: Sequence[int]
     Returns:
       The recorded result and the wall seconds of discarded (compiling) runs. After
       ``MAX_RUNS`` runs the last one is kept even if it compiled (something recompiles every
-      time: a bug to look for, not a reason to loop forever).
+      time: a bug to look for, not a reason to loop forever). A peer compiles no JAX: its
+      first run is kept.
     """
-    verify_latency = auto_verify_latency(teacher.config, method.spec, len(prompt_ids))
     discarded = 0.0
     for attempt in range(MAX_RUNS):
         watch = CompileWatch()
         start = time.perf_counter()
         with watch.active():
-            result = generate(teacher, method.drafter, prompt_ids, method.spec,
-                              draft_params=method.draft_params, verify_latency=verify_latency)
+            result = generate_with(teacher, method, prompt_ids)
         # Only compilation inside the decode time (after the prefill) spoils the figures.
         if not watch.seconds_after(start + result.stats.prefill_seconds) \
                 or attempt == MAX_RUNS - 1:
@@ -360,8 +427,7 @@ def run_bench(teacher: Teacher, conversations: Sequence[Conversation],
     warmup = {}
     for method in methods:
         start = time.perf_counter()
-        generate(teacher, method.drafter, first, method.spec, draft_params=method.draft_params,
-                 verify_latency=auto_verify_latency(teacher.config, method.spec, len(first)))
+        generate_with(teacher, method, first)
         warmup[method.name] = time.perf_counter() - start
     turns = []
     with _progress_bar(count_turns(conversations), progress) as bar:
@@ -407,6 +473,7 @@ def _run_turn(teacher: Teacher, methods: Sequence[Method], prompt_ids: list[int]
 
 def _describe(method: Method) -> dict[str, Any]:
     return {"drafter": repr(method.drafter) if method.drafter is not None else None,
+            "runner": method.runner.describe() if method.runner is not None else None,
             "spec": dataclasses.asdict(method.spec)}
 
 
@@ -471,12 +538,13 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 def format_summary(report: dict[str, Any]) -> str:
     """The summary as a fixed-width table."""
-    header = (f"{'method':<8} {'turns':>5} {'tok/s':>7} {'speed-up':>8} {'p50':>6} {'p99':>6} "
+    w = _name_width(report["summary"])
+    header = (f"{'method':<{w}} {'turns':>5} {'tok/s':>7} {'speed-up':>8} {'p50':>6} {'p99':>6} "
               f"{'acc.len':>7} {'identical':>9} {'warm-up s':>9} {'compile s':>9}")
     lines = [header, "-" * len(header)]
     for name, s in report["summary"].items():
         lines.append(
-            f"{name:<8} {s['turns']:>5} {_fmt(s['mean_tokens_per_s'], 1):>7} "
+            f"{name:<{w}} {s['turns']:>5} {_fmt(s['mean_tokens_per_s'], 1):>7} "
             f"{_fmt(s['mean_speedup'], 2, 'x'):>8} {_fmt(s['p50_speedup'], 2, 'x'):>6} "
             f"{_fmt(s['p99_speedup'], 2, 'x'):>6} {_fmt(s['mean_accepted_length'], 2):>7} "
             f"{_fmt(s['identical_fraction'], 0, '%', 100):>9} "
@@ -486,7 +554,8 @@ def format_summary(report: dict[str, Any]) -> str:
 
 def format_turns(report: dict[str, Any]) -> str:
     """One row per turn and method: the side-by-side view."""
-    header = (f"{'turn':<16} {'method':<8} {'tokens':>6} {'tok/s':>7} {'speed-up':>8} "
+    w = _name_width(report["summary"])
+    header = (f"{'turn':<16} {'method':<{w}} {'tokens':>6} {'tok/s':>7} {'speed-up':>8} "
               f"{'acc.len':>7} {'same as greedy':>14}")
     lines = [header, "-" * len(header)]
     for t in report["turns"]:
@@ -495,11 +564,15 @@ def format_turns(report: dict[str, Any]) -> str:
             same = "yes" if r["identical_to_greedy"] else (
                 f"no @{r['divergence_index']}" + (f" gap {r['near_tie_gap']:.2f}"
                                                   if r["near_tie_gap"] is not None else ""))
-            lines.append(f"{label:<16} {name:<8} {r['new_tokens']:>6} "
+            lines.append(f"{label:<16} {name:<{w}} {r['new_tokens']:>6} "
                          f"{_fmt(r['tokens_per_s'], 1):>7} {_fmt(r['speedup'], 2, 'x'):>8} "
                          f"{r['accepted_length']:>7.2f} {same:>14}")
             label = ""
     return "\n".join(lines)
+
+
+def _name_width(names: Sequence[str]) -> int:
+    return max([8, *(len(n) for n in names)])
 
 
 def _fmt(value: float | None, digits: int, suffix: str = "", scale: float = 1.0) -> str:

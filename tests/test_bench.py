@@ -249,3 +249,169 @@ def test_write_report_is_atomic_json(tmp_path):
         bench.write_report(path, {"a": float("nan")})
     assert json.loads(path.read_text()) == {"a": [1, 2]}  # the old file survives
     assert list(tmp_path.iterdir()) == [path]
+
+
+# ----------------------------------------------------------------------------- peer runners
+
+
+@dataclasses.dataclass
+class FakePeer:
+    """A peer runner returning fixed ids with a fixed round count; records its calls."""
+
+    tokens: list
+    rounds: int
+    calls: list = dataclasses.field(default_factory=list)
+
+    def __call__(self, prompt_ids, spec, *, eos_id):
+        self.calls.append((list(prompt_ids), spec.max_new_tokens, eos_id))
+        n = len(self.tokens)
+        stats = gen.GenerationStats(new_tokens=n, rounds=self.rounds,
+                                    accepted_length=n / self.rounds, seconds=0.5,
+                                    prefill_seconds=0.1, tokens_per_s=20.0,
+                                    accepted_per_round=(), nodes_per_round=())
+        return gen.GenerationResult(tokens=list(self.tokens), stats=stats)
+
+    def describe(self):
+        return {"rounds": self.rounds}
+
+
+def test_peer_runner_is_counted_like_our_methods(teacher):
+    conversations = [Conversation(id="p", category="x", turns=("hello peers",))]
+    prompt = ToyRenderer().encode([{"role": "user", "content": "hello peers"}])
+    greedy = gen.generate(teacher, None, prompt, SPEC).tokens
+    assert len(greedy) == 12
+    changed = list(greedy)
+    changed[3] = (changed[3] + 1) % CFG.vocab_size
+    same, other = FakePeer(list(greedy), rounds=5), FakePeer(changed[:9], rounds=3)
+    methods = _methods() + [bench.Method(name="peer-same", spec=SPEC, runner=same),
+                            bench.Method(name="peer-other", spec=SPEC, runner=other)]
+    report = bench.run_bench(teacher, conversations, methods, ToyRenderer(), progress=False)
+    rows = report["turns"][0]["methods"]
+    # Tokens are counted from the ids, accepted length = tokens / rounds for every kind.
+    for name, tokens, rounds in (("greedy", 12, 12), ("peer-same", 12, 5),
+                                 ("peer-other", 9, 3)):
+        assert rows[name]["new_tokens"] == tokens and rows[name]["rounds"] == rounds
+        assert rows[name]["accepted_length"] == pytest.approx(tokens / rounds)
+    assert rows["greedy"]["accepted_length"] == 1.0
+    assert rows["ngram"]["accepted_length"] == pytest.approx(
+        rows["ngram"]["new_tokens"] / rows["ngram"]["rounds"])
+    assert rows["peer-same"]["identical_to_greedy"]
+    assert rows["peer-same"]["speedup"] == pytest.approx(20.0 / rows["greedy"]["tokens_per_s"])
+    assert rows["peer-other"]["divergence_index"] == 3
+    assert rows["peer-other"]["near_tie_gap"] == pytest.approx(
+        _naive_gap(teacher, prompt + greedy[:3]), abs=1e-4)
+    # Warm-up + one turn; the peer gets the prompt ids, the budget and the spec's eos.
+    assert same.calls == [(prompt, 12, -7)] * 2
+    assert report["methods"]["peer-same"]["runner"] == {"rounds": 5}
+    assert report["summary"]["peer-other"]["overall_accepted_length"] == 3.0
+    assert "peer-other" in bench.format_summary(report)
+    assert "peer-same" in bench.format_turns(report)
+
+
+def test_peer_gets_the_teachers_eos_by_default(teacher):
+    peer = FakePeer([5, 6], rounds=1)
+    spec = dataclasses.replace(SPEC, eos_id=None)
+    bench.generate_with(teacher, bench.Method(name="p", spec=spec, runner=peer), [3, 4])
+    assert peer.calls == [([3, 4], 12, CFG.eos_id)]
+
+
+def test_make_peer_methods():
+    assert bench.parse_methods("transformers-pld,transformers-greedy") == (
+        "greedy", "transformers-pld", "transformers-greedy")
+    plain = bench.make_method("transformers-greedy", SPEC)
+    pld = bench.make_method("transformers-pld", SPEC, torch_threads=1)
+    assert plain.drafter is None and plain.runner.prompt_lookup is None
+    assert pld.runner.prompt_lookup == 10 and pld.runner.torch_threads == 1
+    assert plain.runner.torch_threads is None  # torch's own default
+    assert pld.spec == SPEC
+    sampled = dataclasses.replace(SPEC, acceptance="sample", temperature=1.0)
+    with pytest.raises(ValueError, match="decodes greedily"):
+        bench.make_method("transformers-pld", sampled)
+
+
+@pytest.mark.parametrize("package", ["torch", "transformers", "accelerate"])
+def test_missing_reference_package_names_the_extra(monkeypatch, package):
+    import sys
+
+    monkeypatch.setitem(sys.modules, package, None)  # as if not installed
+    with pytest.raises(bench.DrafterUnavailableError,
+                       match=rf"not installed: {package}\. Install them with: "
+                             r"pip install 'eaglepangu\[reference\]'"):
+        bench.make_method("transformers-greedy", SPEC)
+
+
+# ----------------------------------------------------------------------------- block
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FakeBlock:
+    """Marginals-only drafter shape: ``depth`` marginals, at most ``block_size``."""
+
+    name: str = "block"
+    block_size: int = 5
+    depth: int = 5
+    feature_layers: tuple = ()
+
+    def __post_init__(self):
+        if not 1 <= self.depth <= self.block_size:
+            raise ValueError(f"depth must lie in [1, block_size = {self.block_size}], "
+                             f"got {self.depth}")
+
+    @property
+    def max_depth(self):
+        return self.depth
+
+
+@pytest.mark.parametrize("policy,expected", [("drafter", "auto"), ("auto", "auto"),
+                                             ("best_first", "best_first")])
+def test_block_method_runs_best_first(monkeypatch, policy, expected):
+    budgets = []
+
+    def loader(*, budget):
+        budgets.append(budget)
+        return FakeBlock(), {"w": 1}
+
+    monkeypatch.setattr(bench, "load_block", loader)
+    spec = SpecConfig(policy=policy, budget=6, depth=3)
+    method = bench.make_method("block", spec)
+    assert method.spec.policy == expected and method.spec.budget == 6
+    assert method.spec.depth == 3 and method.drafter.depth == 3  # the user's depth
+    assert method.draft_params == {"w": 1} and budgets == [6]
+    # A default depth: the drafter keeps its trained one.
+    default = bench.make_method("block", dataclasses.replace(spec, depth=8), default_depth=True)
+    assert default.spec.depth == 5 and default.drafter.depth == 5
+    with pytest.raises(ValueError, match=r"block_size = 5\], got 8"):
+        bench.make_method("block", dataclasses.replace(spec, depth=8))
+
+
+def test_block_absence_is_a_clear_error(monkeypatch):
+    import sys
+
+    from eaglepangu_jax import drafters
+
+    monkeypatch.delattr(drafters, "block", raising=False)
+    monkeypatch.setitem(sys.modules, "eaglepangu_jax.drafters.block", None)  # import fails
+    with pytest.raises(bench.DrafterUnavailableError,
+                       match="the block drafter is not part of this installation"):
+        bench.make_method("block", SPEC)
+
+
+def test_shipped_loader_errors_are_shared(monkeypatch):
+    import sys
+    import types
+
+    module = types.ModuleType("eaglepangu_jax.drafters.fake")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    with pytest.raises(bench.DrafterUnavailableError, match=r"has no load_shipped_fake\(\)"):
+        bench.load_shipped("fake")
+
+    def unreadable(**kwargs):
+        raise OSError(f"no weights file ({kwargs})")
+
+    module.load_shipped_fake = unreadable
+    with pytest.raises(bench.DrafterUnavailableError,
+                       match=r"fake shipped weights could not be loaded: no weights file "
+                             r"\({'budget': 3}\)"):
+        bench.load_shipped("fake", budget=3)
+    module.load_shipped_fake = lambda **kwargs: ("drafter", kwargs)
+    assert bench.load_shipped("fake", depth=2) == ("drafter", {"depth": 2})

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from eaglepangu_jax import cache as kv_cache
+from eaglepangu_jax import peers
 from eaglepangu_jax.models import chat, decode, llama, smollm2, tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.reference]
@@ -30,13 +31,11 @@ def teacher():
         path = smollm2.find_smollm2_gguf()
     except smollm2.ModelNotInstalledError as err:
         pytest.skip(str(err))
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    try:
+        model = peers.load_transformers_teacher(path)
+    except peers.ReferenceStackMissingError as err:
+        pytest.skip(str(err))
     config, params = smollm2.load_smollm2()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    model.eval()
     return config, llama.prepare_params(params), model, tokenizer.load_tokenizer(path)
 
 
@@ -73,17 +72,10 @@ def test_logits_and_features_match_transformers(teacher):
 
 
 def test_64_greedy_tokens_identical(teacher):
-    import torch
-
     config, params, model, tok = teacher
     ids = chat.encode_chat(tok, [{"role": "user", "content": "Write a short poem about the sea."}])
     ours = decode.greedy_generate(params, config, ids, 64, eos_id=config.eos_id).tolist()
-    inputs = torch.tensor([ids])
-    with torch.no_grad():
-        out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=64,
-                             do_sample=False, num_beams=1, temperature=None, top_p=None,
-                             top_k=None, repetition_penalty=None, eos_token_id=config.eos_id,
-                             pad_token_id=0)
-    theirs = out[0, len(ids):].tolist()
+    theirs = peers.transformers_generate(model, ids, max_new_tokens=64,
+                                         eos_id=config.eos_id).tokens
     assert len(ours) == 64 or ours[-1] == config.eos_id
     assert ours == theirs
