@@ -216,17 +216,24 @@ def _peer_method(name: str, spec: SpecConfig, torch_threads: int | None) -> Meth
     return Method(name=name, spec=spec, runner=runner)
 
 
-def auto_verify_latency(config: LlamaConfig, spec: SpecConfig, context: int) -> Any:
+def auto_verify_latency(config: LlamaConfig, spec: SpecConfig, context: int,
+                        drafter_name: str | None = None) -> Any:
     """The verify-latency curve the ``"auto"`` policy needs (``None`` for other policies):
-    the uncalibrated roofline of this machine class at ``context`` cached tokens."""
+    this machine's saved calibration (``eaglepangu calibrate``) at ``context`` cached tokens,
+    with ``drafter_name``'s drafting cost folded in; the uncalibrated roofline of this machine
+    class when there is no usable calibration (see :func:`eaglepangu_jax.calibrate.curve_for`).
+    """
     if spec.policy != "auto":
         return None
-    from eaglepangu_jax import budget as budget_lib
+    from eaglepangu_jax import calibrate
 
-    roofline = budget_lib.Roofline.for_llama(config, peak_flops=CPU_PEAK_FLOPS,
-                                             bandwidth=CPU_BANDWIDTH)
-    return budget_lib.verify_latencies(roofline, budget_lib.Calibration.ideal(), context,
-                                       max_nodes=spec.budget)
+    return calibrate.curve_for(config, spec, context, drafter_name)
+
+
+def method_verify_latency(config: LlamaConfig, method: Method, context: int) -> Any:
+    """:func:`auto_verify_latency` for ``method`` (its drafter's cost included)."""
+    return auto_verify_latency(config, method.spec, context,
+                               getattr(method.drafter, "name", None))
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -303,8 +310,8 @@ def generate_with(teacher: Teacher, method: Method, prompt_ids: Sequence[int]
         return method.runner(prompt_ids, method.spec, eos_id=eos_id)
     return generate(teacher, method.drafter, prompt_ids, method.spec,
                     draft_params=method.draft_params,
-                    verify_latency=auto_verify_latency(teacher.config, method.spec,
-                                                       len(prompt_ids)))
+                    verify_latency=method_verify_latency(teacher.config, method,
+                                                         len(prompt_ids)))
 
 
 def run_method(teacher: Teacher, method: Method, prompt_ids: Sequence[int]

@@ -18,7 +18,7 @@ from eaglepangu_jax.engine.config import POLICIES, SpecConfig
 from eaglepangu_jax.suites import (SUITES, Conversation, load_prompts, load_suite,
                                    per_category)
 
-DRAFTER_CHOICES = ("none", "ngram", "eagle3")
+DRAFTER_CHOICES = ("none", "ngram", "eagle3", "block")
 DEMO_MAX_NEW_TOKENS = 96
 # Two MT-Bench openings (an editing task and a coding task) and one HumanEval problem.
 DEMO_TURNS = (("mtbench", "90"), ("mtbench", "122"), ("humaneval", "HumanEval/0"))
@@ -185,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, from {', '.join(bench.METHODS)}; greedy always "
                         f"runs first (default: greedy,ngram and eagle3 if it loads)")
     b.add_argument("--json", metavar="OUT", required=True, help="where to write the report")
+    b.add_argument("--torch-threads", type=_positive, default=None, metavar="N",
+                   help="torch threads for the transformers-* methods (default: torch's own; "
+                        "1 is steadier on a loaded machine)")
+    b.add_argument("--plot-dir", metavar="DIR", default=None,
+                   help="also draw the speed-up per category (PNG) into DIR; needs the "
+                        "'plots' extra")
     b.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
 
@@ -262,10 +268,11 @@ def _writable(parser: argparse.ArgumentParser, path: str | None, what: str) -> N
         parser.error(f"cannot write the {what} {path}: its folder does not exist")
 
 
-def _method(parser: argparse.ArgumentParser, name: str, spec: SpecConfig, default: bool
-            ) -> bench.Method:
+def _method(parser: argparse.ArgumentParser, name: str, spec: SpecConfig, default: bool,
+            torch_threads: int | None = None) -> bench.Method:
     try:
-        return bench.make_method(name, spec, default_depth=default)
+        return bench.make_method(name, spec, default_depth=default,
+                                 torch_threads=torch_threads)
     except (ValueError, bench.DrafterUnavailableError) as err:
         parser.error(str(err))
     raise AssertionError("unreachable")
@@ -376,7 +383,7 @@ def _generate(teacher, method: bench.Method, prompt_ids: list[int], trace_path: 
     from eaglepangu_jax.engine.generate import generate
     from eaglepangu_jax.engine.trace import generate_traced
 
-    verify_latency = bench.auto_verify_latency(teacher.config, method.spec, len(prompt_ids))
+    verify_latency = bench.method_verify_latency(teacher.config, method, len(prompt_ids))
     watch = bench.CompileWatch()
     start = time.perf_counter()
     with watch.active():
@@ -411,7 +418,15 @@ def cmd_bench(parser, args, teacher=None, renderer=None) -> int:
     _writable(parser, args.json, "report")
     conversations = _conversations(parser, args)
     _, default = _depth(args)
-    methods = [_method(parser, name, spec, default) for name in names]
+    methods = [_method(parser, name, spec, default, args.torch_threads) for name in names]
+    if args.plot_dir is not None:
+        from eaglepangu_jax import plots
+
+        try:
+            plots.require_matplotlib()
+            Path(args.plot_dir).mkdir(parents=True, exist_ok=True)  # fail now, not after
+        except (plots.PlotsUnavailableError, OSError) as err:
+            parser.error(f"argument --plot-dir: {err}")
     if args.methods is None:
         try:
             methods.insert(1, bench.make_method("eagle3", spec, default_depth=default))
@@ -421,6 +436,11 @@ def cmd_bench(parser, args, teacher=None, renderer=None) -> int:
     bench.write_report(args.json, report)
     print(bench.format_summary(report))
     _note(f"report written to {args.json}")
+    if args.plot_dir is not None:
+        from eaglepangu_jax import plots
+
+        for path in plots.write_bench_plots(report, args.plot_dir):
+            _note(f"figure written to {path}")
     return 0
 
 

@@ -170,10 +170,11 @@ def test_bench_command_on_a_tiny_teacher(teacher, tmp_path, capsys):
     out = tmp_path / "bench.json"
     status = cli.main(["bench", "--prompts", str(prompts), "--limit", "2", "--methods",
                        "ngram", "--max-new-tokens", "8", "--budget", "4", "--depth", "3",
-                       "--json", str(out), "--no-progress"],
+                       "--json", str(out), "--no-progress", "--plot-dir", str(tmp_path / "fig")],
                       teacher=teacher, renderer=ToyRenderer())
     assert status == 0
     report = json.loads(out.read_text())
+    assert (tmp_path / "fig" / "speedup_by_category.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [t["conversation_id"] for t in report["turns"]] == ["one", "one", "2"]
     assert set(report["summary"]) == {"greedy", "ngram"}
     for key in ("mean_tokens_per_s", "mean_speedup", "p50_speedup", "p99_speedup",
