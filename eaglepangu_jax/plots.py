@@ -168,7 +168,7 @@ def grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float | No
       reference: a dashed horizontal line (greedy's 1.0) unless ``None``.
       group_notes: a short note printed above each group (e.g. the controller's gap).
     """
-    fig = _figure(2.2 + (0.35 * len(series) + 0.5) * len(groups), 4.2, title)
+    fig = _figure(min(14.0, 2.2 + (0.35 * len(series) + 0.5) * len(groups)), 4.6, title)
     ax = fig.add_subplot()
     width = 0.8 / max(len(series), 1)
     x = np.arange(len(groups))
