@@ -26,12 +26,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import jax
+
 from eaglepangu_jax import bench, grids, plots
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.suites import (SUITES, Conversation, count_turns, load_prompts, load_suite,
                                    per_category)
 
 DEFAULT_MAX_NEW_TOKENS = 64  # an experiment runs many cells: shorter answers than bench's
+CELLS_PER_RUN = 6  # cells interleaved in one benchmark (see run_in_groups)
 DESCRIPTIONS = {
     "sweep": "Mean speed-up and accepted length per (tree nodes, max depth) cell, side by "
              "side with greedy on the same turns; the sweet spot; two heatmaps.",
@@ -184,8 +187,8 @@ def _run(args: argparse.Namespace, conversations: list[Conversation],
     teacher = teacher if teacher is not None else cli.load_teacher()
     renderer = renderer if renderer is not None else cli.load_renderer()
     start = time.perf_counter()
-    report = bench.run_bench(teacher, conversations, [greedy, *methods], renderer,
-                             progress=args.progress)
+    report = run_in_groups(teacher, conversations, greedy, methods, renderer,
+                           progress=args.progress)
     source = args.suite or Path(args.prompts).name
     if args.per_category:
         source += f" (first {args.per_category} per category)"
@@ -201,6 +204,44 @@ def _run(args: argparse.Namespace, conversations: list[Conversation],
                    f"{args.max_new_tokens} new tokens each",
     }
     return report, header
+
+
+def run_in_groups(teacher: Any, conversations: list[Conversation], greedy: bench.Method,
+                  methods: Sequence[bench.Method], renderer: Any, *, progress: bool,
+                  group_size: int | None = None) -> dict[str, Any]:
+    """``bench.run_bench`` over ``greedy`` + ``methods``, ``group_size`` cells at a time.
+
+    Every compiled program of a benchmark stays alive while it runs (the methods are
+    interleaved per turn), and a 16-cell sweep exhausted the process's memory maps in XLA's
+    CPU compiler. So the cells run in groups, each beside its own greedy run on the same
+    turns (each cell's speed-up is against the greedy run it was interleaved with), and the
+    compilation caches are cleared between groups. The merged report keeps the first
+    group's greedy records and every cell's records, and is summarised afresh.
+    ``group_size`` defaults to :data:`CELLS_PER_RUN`.
+    """
+    group_size = group_size or CELLS_PER_RUN
+    groups = [list(methods[i:i + group_size]) for i in range(0, len(methods), group_size)]
+    merged: dict[str, Any] | None = None
+    for index, group in enumerate(groups):
+        if index:
+            jax.clear_caches()
+        report = bench.run_bench(teacher, conversations, [greedy, *group], renderer,
+                                 progress=progress)
+        if merged is None:
+            merged = report
+            continue
+        merged["methods"].update({k: v for k, v in report["methods"].items()
+                                  if k != bench.REFERENCE})
+        merged["warmup_seconds"].update({k: v for k, v in report["warmup_seconds"].items()
+                                         if k != bench.REFERENCE})
+        for mine, theirs in zip(merged["turns"], report["turns"]):
+            mine["methods"].update({k: v for k, v in theirs["methods"].items()
+                                    if k != bench.REFERENCE})
+    assert merged is not None, "no methods to run"
+    names = [bench.REFERENCE] + [m.name for m in methods]
+    merged["summary"] = bench.summarize_turns(merged["turns"], names)
+    merged["groups"] = [[m.name for m in group] for group in groups]
+    return merged
 
 
 def _finish(args: argparse.Namespace, report: dict[str, Any], experiment: dict[str, Any],

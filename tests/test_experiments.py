@@ -347,3 +347,24 @@ def test_budget_grid_of_a_tree_drafter():
     assert [m.spec.policy for m in methods] == ["drafter", "drafter", "auto"]
     assert [m.spec.budget for m in methods] == [2, 8, 8]
     assert [m.drafter.budget for m in methods] == [2, 8, 8]
+
+
+def test_cells_run_in_groups_each_beside_greedy(teacher, tmp_path, monkeypatch):  # noqa: F811
+    """With one cell per group every cell still gets its per-turn records and speed-ups
+    (against the greedy run of its own group), and the summary covers every cell."""
+    monkeypatch.setattr(experiments, "CELLS_PER_RUN", 1)
+    out = tmp_path / "sweep.json"
+    rc = experiments.main(["sweep", "--prompts", _prompts(tmp_path, CONVERSATIONS[:1]),
+                           "--nodes", "2,4", "--depth", "2,3", "--max-new-tokens", "8",
+                           "--json", str(out), "--no-progress"],
+                          teacher=teacher, renderer=ToyRenderer())
+    assert rc == 0
+    report = json.loads(out.read_text())
+    cells = ["ngram n=2 d=2", "ngram n=4 d=2", "ngram n=2 d=3", "ngram n=4 d=3"]
+    assert sorted(report["groups"]) == sorted([c] for c in cells)
+    assert set(report["summary"]) == {"greedy", *cells}
+    for turn in report["turns"]:
+        assert set(turn["methods"]) == {"greedy", *cells}
+        for name in cells:
+            record = turn["methods"][name]
+            assert record["identical_to_greedy"] and record["speedup"] > 0
