@@ -212,5 +212,5 @@ def test_train_draft_is_wired_and_validates_before_work():
     # The sub-command hands every option to the training entry point; a bad kind exits 2
     # (argparse) before any model or data is touched.
     with pytest.raises(SystemExit) as exc:
-        cli.main(["train-draft", "--kind", "block", "--out", "unused"])
+        cli.main(["train-draft", "--kind", "medusa", "--out", "unused"])
     assert exc.value.code == 2
