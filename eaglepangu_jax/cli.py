@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no progress bar")
     tr = sub.add_parser(
         "train-draft", formatter_class=_Formatter, add_help=False,
-        help="reproduce the shipped EAGLE-3 drafter (self-distillation + training)",
+        help="reproduce a shipped drafter, --kind eagle3 or block (self-distillation + "
+             "training)",
         description="Self-distil training data from the teacher (cached shards), build the\n"
                     "draft vocabulary, train the head; '--help' after it lists its options.")
     from eaglepangu_jax import calibrate, experiments

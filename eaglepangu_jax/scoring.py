@@ -120,6 +120,9 @@ def best_first(
     # token-id tie rule between equal probabilities.
     lp = jnp.where(lp >= 0, 0.0, _nan_to_neg_inf(lp))
     top_lp, top_tok = jax.lax.top_k(lp, k)  # [D, K]; equal values keep the lower token id first
+    # Without the barrier XLA on CPU fuses what follows into the top-k and sorts the whole
+    # vocabulary per depth instead (measured 63 ms -> 0.5 ms per round, identical trees).
+    top_lp, top_tok = jax.lax.optimization_barrier((top_lp, top_tok))
 
     slots, pool = budget + 1, 2 * budget + 1
     # Candidate pool: a candidate is (score, parent slot, depth row, rank at that row).

@@ -13,6 +13,7 @@ from eaglepangu_jax.drafters.ngram import NGramDrafter
 DRAFTERS: dict[str, type] = {
     "ngram": NGramDrafter,
     "eagle3": __import__("eaglepangu_jax.drafters.eagle3", fromlist=["Eagle3Drafter"]).Eagle3Drafter,
+    "block": __import__("eaglepangu_jax.drafters.block", fromlist=["BlockDrafter"]).BlockDrafter,
 }
 
 

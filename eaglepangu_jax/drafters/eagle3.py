@@ -46,6 +46,12 @@ HEAD_KEYS = ("fc", "embed_norm", "feature_norm", "wq", "wk", "wv", "wo", "mlp_no
              "w_up", "w_down", "final_norm", "lm_head")
 
 
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """The tapped teacher layers: low, middle and high, ``(2, L // 2, L - 3)``."""
+    n = num_layers
+    return tuple(sorted({min(2, n - 1), n // 2, max(n - 3, 0)}))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Eagle3Config:
     """Static shape of an EAGLE-3 head (hashable)."""
@@ -75,9 +81,8 @@ class Eagle3Config:
     def for_teacher(cls, teacher: LlamaConfig, draft_vocab_size: int,
                     feature_layers: tuple[int, ...] | None = None) -> "Eagle3Config":
         """A head shaped like one teacher layer; layers ``(2, L // 2, L - 3)`` by default."""
-        n = teacher.num_layers
         if feature_layers is None:
-            feature_layers = tuple(sorted({min(2, n - 1), n // 2, max(n - 3, 0)}))
+            feature_layers = default_feature_layers(teacher.num_layers)
         return cls(hidden_size=teacher.hidden_size, num_heads=teacher.num_heads,
                    num_kv_heads=teacher.num_kv_heads, head_dim=teacher.head_dim,
                    intermediate_size=teacher.intermediate_size,

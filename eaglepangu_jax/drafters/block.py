@@ -1,0 +1,388 @@
+"""Block (DFlash-style) drafter: per-depth marginals of the next ``D`` tokens in one forward.
+
+**Context stream.** Every committed position ``s`` has teacher features from ``F`` tapped
+layers; each is RMS-normed on its own (the teacher's residual stream carries massive
+activations, one dimension hundreds of times the median one, and its layers differ in scale
+by ~10x), ``fc: F*H -> H`` fuses them and a norm gives ``c_s``. Each drafter layer ``l``
+projects ``c_s`` to its own context keys/values (``ctx_wk[l]``, ``ctx_wv[l]``, rotated at position
+``s``). They depend on position ``s`` alone, so the drafter state caches them once, when the
+features arrive (:meth:`BlockDrafter.update`), and proposing never recomputes them.
+
+**Query block.** With the root (last committed token, never fed to the teacher) at position
+``p``, the block is ``[embed(root), MASK, ..., MASK]`` (``D`` slots at positions
+``p .. p + D - 1``; MASK is a learned vector, the embedding is the teacher's, frozen), and every
+slot also gets ``w_last`` times the newest context vector ``c_{p-1}``, an addition to DFlash:
+like EAGLE-3's head, whose residual stream starts from the teacher's features, the block
+starts from the teacher's newest state instead of having to find it by attention. (On the
+small self-distilled data set here a plain DFlash block learned to recognise the training
+sequences through attention and memorised them: training loss near zero, held-out accuracy
+below a bigram model's.) The block runs through ``num_layers`` pre-norm decoder layers
+whose attention reads the context K/V of positions ``< p`` together with the block's own K/V,
+with no causal mask inside the block::
+
+    context   c_0 ... c_{p-1}                   (K/V cached per layer)
+    block     [root | MASK | MASK | ... ]        positions p .. p+D-1, attend to all of
+                 |      |      |                 the context and the whole block
+    output    q_1    q_2    q_3   ...            slot i predicts token p + i + 1
+
+A final norm and ``lm_head`` over the draft vocabulary give the ``D`` marginals; they are
+scattered to teacher ids through ``d2t`` (every other teacher id gets ``-inf``) and handed to
+the engine's tree policies (``best_first``, ``auto``), which build the tree.
+
+Dimensions: ``C`` buffer capacity, ``S`` context slots, ``A`` blocks (anchors), ``D`` block
+size, ``L`` drafter layers, ``F`` tapped layers, ``H`` hidden, ``Vd`` draft vocabulary, ``V``
+teacher vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from eaglepangu_jax.drafters.eagle3 import (_rms, _safe_log_softmax, default_feature_layers,
+                                            draft_logits, finish, fuse, make_params)
+from eaglepangu_jax.engine.drafter import DraftContext, Proposal
+from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.rope import apply_rope, rope_angles
+
+LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "ctx_wk", "ctx_wv", "wo", "mlp_norm", "w_gate",
+              "w_up", "w_down")
+HEAD_KEYS = ("feature_norm", "fc", "ctx_norm", "mask_embed", "w_last") + LAYER_KEYS + (
+    "final_norm", "lm_head")
+
+__all__ = ["BlockConfig", "BlockDrafter", "BlockState", "init_head", "make_params",
+           "load_shipped_block", "context_stream", "context_kv", "block_inputs", "block_hidden",
+           "block_logits", "teacher_marginals"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockConfig:
+    """Static shape of a block drafter (hashable); per-layer weights are stacked on axis 0."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    draft_vocab_size: int
+    teacher_vocab_size: int
+    feature_layers: tuple[int, ...]
+    block_size: int = 8
+    rope_theta: float = 100000.0
+    rms_norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                      "intermediate_size", "block_size"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads "
+                             f"{self.num_kv_heads}")
+        if not 1 <= self.draft_vocab_size <= self.teacher_vocab_size:
+            raise ValueError(f"draft vocabulary {self.draft_vocab_size} must lie in [1, "
+                             f"{self.teacher_vocab_size}]")
+        if not self.feature_layers:
+            raise ValueError("feature_layers must name at least one teacher layer")
+
+    @classmethod
+    def for_teacher(cls, teacher: LlamaConfig, draft_vocab_size: int, *, block_size: int = 8,
+                    num_layers: int = 2, feature_layers: tuple[int, ...] | None = None
+                    ) -> "BlockConfig":
+        """Layers shaped like the teacher's, tapping the same layers as an EAGLE-3 head (so
+        both train on the same cached data)."""
+        if feature_layers is None:
+            feature_layers = default_feature_layers(teacher.num_layers)
+        return cls(hidden_size=teacher.hidden_size, num_layers=num_layers,
+                   num_heads=teacher.num_heads, num_kv_heads=teacher.num_kv_heads,
+                   head_dim=teacher.head_dim, intermediate_size=teacher.intermediate_size,
+                   draft_vocab_size=draft_vocab_size, teacher_vocab_size=teacher.vocab_size,
+                   feature_layers=tuple(feature_layers), block_size=block_size,
+                   rope_theta=teacher.rope_theta, rms_norm_eps=teacher.rms_norm_eps)
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "feature_layers": list(self.feature_layers)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "BlockConfig":
+        return cls(**{**data, "feature_layers": tuple(data["feature_layers"])})
+
+    def head_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Expected shape of every weight (per-layer ones lead with ``num_layers``)."""
+        h, f, i, n = self.hidden_size, len(self.feature_layers), self.intermediate_size, \
+            self.num_layers
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        layer = {"attn_norm": (h,), "wq": (h, q), "wk": (h, kv), "wv": (h, kv),
+                 "ctx_wk": (h, kv), "ctx_wv": (h, kv), "wo": (q, h), "mlp_norm": (h,),
+                 "w_gate": (h, i), "w_up": (h, i), "w_down": (i, h)}
+        return {"feature_norm": (f, h), "fc": (f * h, h), "ctx_norm": (h,),
+                "mask_embed": (h,), "w_last": (h, h),
+                **{k: (n,) + shape for k, shape in layer.items()},
+                "final_norm": (h,), "lm_head": (h, self.draft_vocab_size)}
+
+
+def init_head(config: BlockConfig, key: Array, *, embed: Float[Array, "V H"] | None = None,
+              d2t: Int[Array, "Vd"] | None = None,
+              final_norm: Float[Array, "H"] | None = None) -> dict:
+    """Random weights (float32): norms 1, matrices ``N(0, 1 / fan_in)``.
+
+    Warm start when the teacher's pieces are given: ``lm_head`` = the teacher's (tied)
+    embedding rows of the draft vocabulary, ``final_norm`` = the teacher's; ``fc`` passes the
+    highest tapped layer through, and ``w_last`` is the identity and the MASK vector random,
+    both at the scale of the embedding rows. So every slot starts as its own input plus the
+    teacher's newest late-layer state, on equal terms.
+    """
+    shapes = config.head_shapes()
+    keys = dict(zip(HEAD_KEYS, jax.random.split(key, len(HEAD_KEYS))))
+    head = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm"):
+            head[name] = jnp.ones(shape, jnp.float32)
+        elif name == "mask_embed":
+            head[name] = jax.random.normal(keys[name], shape, jnp.float32)
+        else:
+            scale = jnp.float32(1.0 / math.sqrt(shape[-2]))
+            head[name] = scale * jax.random.normal(keys[name], shape, jnp.float32)
+    if embed is not None:
+        rows = jnp.asarray(embed, jnp.float32)
+        scale = jnp.sqrt(jnp.mean(rows * rows))
+        h = config.hidden_size
+        head["fc"] = head["fc"].at[-h:].add(jnp.eye(h, dtype=jnp.float32))
+        head["w_last"] = scale * jnp.eye(h, dtype=jnp.float32)
+        head["mask_embed"] = scale * head["mask_embed"]
+        if d2t is not None:
+            head["lm_head"] = rows[jnp.asarray(d2t, jnp.int32)].T
+    if final_norm is not None:
+        head["final_norm"] = jnp.asarray(final_norm, jnp.float32)
+    return head
+
+
+# ----------------------------------------------------------------------------- the network
+
+
+def context_stream(head: dict, config: BlockConfig, features: Float[Array, "T F H"]
+                   ) -> Float[Array, "T H"]:
+    """The context vectors ``c``: normed ``fc`` of each position's normed tapped features."""
+    eps = config.rms_norm_eps
+    ones = jnp.ones((features.shape[-1],), jnp.float32)
+    normed = _rms(features, ones, eps) * head["feature_norm"].astype(jnp.float32)[None]
+    return _rms(fuse(head, normed), head["ctx_norm"], eps)
+
+
+def context_kv(head: dict, config: BlockConfig, c: Float[Array, "T H"],
+               positions: Int[Array, "T"]
+               ) -> tuple[Float[Array, "L T Nk Dh"], Float[Array, "L T Nk Dh"]]:
+    """Every layer's context keys (rotated at ``positions``) and values of context vectors."""
+    t, n = c.shape[0], config.num_layers
+    k = jnp.einsum("th,lhk->ltk", c, head["ctx_wk"]).reshape(n, t, config.num_kv_heads,
+                                                              config.head_dim)
+    v = jnp.einsum("th,lhk->ltk", c, head["ctx_wv"]).reshape(n, t, config.num_kv_heads,
+                                                              config.head_dim)
+    cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
+    return jax.vmap(lambda x: apply_rope(x, cos, sin))(k), v
+
+
+def block_inputs(head: dict, embed: Float[Array, "V H"], roots: Int[Array, "A"],
+                 last: Float[Array, "A H"], block_size: int) -> Float[Array, "A D H"]:
+    """``[embed(root), MASK x (D - 1)] + w_last c_{p-1}`` for every block (``last`` is
+    ``c_{p-1}``, zeros where that position is not visible)."""
+    first = embed[roots].astype(jnp.float32)[:, None, :]
+    mask = jnp.broadcast_to(head["mask_embed"].astype(jnp.float32)[None, None, :],
+                            (roots.shape[0], block_size - 1, first.shape[-1]))
+    return jnp.concatenate([first, mask], axis=1) + (last @ head["w_last"])[:, None, :]
+
+
+def _attend(config: BlockConfig, q: Float[Array, "A D Nq Dh"], ctx_k: Float[Array, "S Nk Dh"],
+            ctx_v: Float[Array, "S Nk Dh"], visible: Bool[Array, "A S"],
+            k: Float[Array, "A D Nk Dh"], v: Float[Array, "A D Nk Dh"]
+            ) -> Float[Array, "A D Nq Dh"]:
+    """One softmax over each block's visible context and its whole block (grouped heads:
+    query head ``n`` reads KV head ``n // group``). The context K/V are shared by all
+    blocks, never copied per block; a block always sees itself, so no row is fully masked."""
+    a, d, nq, dh = q.shape
+    nk = config.num_kv_heads
+    q = q.reshape(a, d, nk, nq // nk, dh) / jnp.float32(math.sqrt(dh))
+    s_ctx = jnp.einsum("adkgh,skh->adkgs", q, ctx_k)
+    s_ctx = jnp.where(visible[:, None, None, None, :], s_ctx, -jnp.inf)
+    s_own = jnp.einsum("adkgh,aekh->adkge", q, k)
+    p = jax.nn.softmax(jnp.concatenate([s_ctx, s_own], axis=-1), axis=-1)
+    s = ctx_k.shape[0]
+    out = (jnp.einsum("adkgs,skh->adkgh", p[..., :s], ctx_v)
+           + jnp.einsum("adkge,aekh->adkgh", p[..., s:], v))
+    return out.reshape(a, d, nq, dh)
+
+
+def block_hidden(head: dict, config: BlockConfig, ctx_k: Float[Array, "L S Nk Dh"],
+                 ctx_v: Float[Array, "L S Nk Dh"], visible: Bool[Array, "A S"],
+                 x: Float[Array, "A D H"], positions: Int[Array, "A D"]) -> Float[Array, "A D H"]:
+    """The drafter layers over ``A`` blocks; block ``a`` reads the context slots
+    ``visible[a]`` (its own block always)."""
+    a, d, h = x.shape
+    nq, nk, dh = config.num_heads, config.num_kv_heads, config.head_dim
+    cos, sin = rope_angles(positions.reshape(-1), dh, config.rope_theta)
+    x = x.reshape(a * d, h)
+    for i in range(config.num_layers):
+        layer = {name: head[name][i] for name in LAYER_KEYS}
+        y = _rms(x, layer["attn_norm"], config.rms_norm_eps)
+        q = apply_rope((y @ layer["wq"]).reshape(a * d, nq, dh), cos, sin)
+        k = apply_rope((y @ layer["wk"]).reshape(a * d, nk, dh), cos, sin)
+        v = (y @ layer["wv"]).reshape(a * d, nk, dh)
+        attn = _attend(config, q.reshape(a, d, nq, dh), ctx_k[i], ctx_v[i], visible,
+                       k.reshape(a, d, nk, dh), v.reshape(a, d, nk, dh))
+        # EAGLE-3's tail: output projection on the residual, then the gated MLP block.
+        x = finish(layer, config, x, attn.reshape(a * d, nq, dh))
+    return x.reshape(a, d, h)
+
+
+def block_logits(head: dict, config: BlockConfig, embed: Float[Array, "V H"],
+                 ctx_k: Float[Array, "L S Nk Dh"], ctx_v: Float[Array, "L S Nk Dh"],
+                 visible: Bool[Array, "A S"], roots: Int[Array, "A"], starts: Int[Array, "A"],
+                 last: Float[Array, "A H"]) -> Float[Array, "A D Vd"]:
+    """Draft-vocabulary logits of ``A`` blocks; block ``a`` has its root at position
+    ``starts[a]``, the context vector ``last[a]`` of the position before it, and its slot
+    ``i`` predicts the token at ``starts[a] + i + 1``."""
+    d = config.block_size
+    x = block_inputs(head, embed, roots, last, d)
+    positions = starts[:, None] + jnp.arange(d, dtype=jnp.int32)[None, :]
+    h = block_hidden(head, config, ctx_k, ctx_v, visible, x, positions)
+    a = roots.shape[0]
+    return draft_logits(head, config, h.reshape(a * d, -1)).reshape(a, d, -1)
+
+
+def teacher_marginals(logp: Float[Array, "D Vd"], d2t: Int[Array, "Vd"], vocab_size: int
+                      ) -> Float[Array, "D V"]:
+    """Draft-vocabulary log-probabilities at their teacher ids, ``-inf`` elsewhere."""
+    out = jnp.full((logp.shape[0], vocab_size), -jnp.inf, jnp.float32)
+    return out.at[:, d2t].set(logp)
+
+
+# --------------------------------------------------------------------------------- drafter
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BlockState:
+    """Every layer's context K/V of the committed positions (slot = position)."""
+
+    k: Float[Array, "L C Nk Dh"]  # [L, C, Nk, Dh]
+    v: Float[Array, "L C Nk Dh"]  # [L, C, Nk, Dh]
+    first: Int[Array, ""]  # first filled slot (earlier prompt positions had no features)
+    length: Int[Array, ""]  # slots [first, length) are filled; length = the root's position
+    last: Float[Array, "H"]  # context vector of slot length - 1 (zeros when none)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockDrafter:
+    """Block drafter (see the module docstring); params from :func:`make_params`.
+
+    It proposes marginals, never a tree: run it under the ``best_first`` or ``auto`` policy.
+
+    Attributes:
+      config: the drafter's shape.
+      depth: marginals returned per round (``1 .. block_size``; default ``block_size``). The
+        block always runs at its trained size, so a smaller depth changes no marginal.
+    """
+
+    name: ClassVar[str] = "block"
+
+    config: BlockConfig
+    depth: int | None = None
+
+    def __post_init__(self):
+        if self.depth is None:
+            object.__setattr__(self, "depth", self.config.block_size)
+        if not 1 <= self.depth <= self.config.block_size:
+            raise ValueError(f"depth must lie in [1, block_size = {self.config.block_size}], "
+                             f"got {self.depth}")
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.config.feature_layers
+
+    def init_state(self, params: Any, context: DraftContext) -> BlockState:
+        """Empty cache, then the prompt positions whose features the engine handed over."""
+        cfg = self.config
+        shape = (cfg.num_layers, context.tokens.shape[0], cfg.num_kv_heads, cfg.head_dim)
+        first = jnp.maximum(context.num_tokens - 1 - context.num_features, 0).astype(jnp.int32)
+        empty = BlockState(k=jnp.zeros(shape, jnp.float32), v=jnp.zeros(shape, jnp.float32),
+                           first=first, length=first,
+                           last=jnp.zeros((cfg.hidden_size,), jnp.float32))
+        return self.update(params, empty, context)
+
+    def update(self, params: Any, state: BlockState, context: DraftContext) -> BlockState:
+        """Cache the context K/V of the newly accepted positions (their features arrived)."""
+        c, a = state.k.shape[1], context.features.shape[0]
+        nf = context.num_features
+        row = jnp.arange(a, dtype=jnp.int32)
+        pos = context.num_tokens - 1 - nf + row
+        stream = context_stream(params["head"], self.config, context.features)
+        k, v = context_kv(params["head"], self.config, stream, jnp.maximum(pos, 0))
+        slot = jnp.where((row < nf) & (pos >= 0), pos, c)  # c is past the end: dropped
+        last = jnp.where(nf > 0, stream[jnp.clip(nf - 1, 0, a - 1)], state.last)
+        return BlockState(k=state.k.at[:, slot].set(k, mode="drop"),
+                          v=state.v.at[:, slot].set(v, mode="drop"), first=state.first,
+                          length=(context.num_tokens - 1).astype(jnp.int32), last=last)
+
+    def propose(self, params: Any, state: BlockState, context: DraftContext,
+                key: Array) -> Proposal:
+        """``[depth, V]`` teacher-vocabulary log-marginals of the tokens after the root."""
+        cfg = self.config
+        c = context.tokens.shape[0]
+        position = jnp.clip(context.num_tokens - 1, 0, c - 1).astype(jnp.int32)
+        root = context.tokens[position]
+        s = jnp.arange(state.k.shape[1], dtype=jnp.int32)
+        first = jnp.maximum(state.first, context.start)
+        visible = ((s >= first) & (s < state.length))[None, :]
+        newest = state.length - 1
+        last = jnp.where((newest >= first) & (newest >= 0), state.last, 0.0)
+        logits = block_logits(params["head"], cfg, params["embed"], state.k, state.v, visible,
+                              root[None], position[None], last[None])[0, : self.depth]
+        return Proposal(marginals=teacher_marginals(_safe_log_softmax(logits), params["d2t"],
+                                                    cfg.teacher_vocab_size))
+
+
+# -------------------------------------------------------------------------------- shipping
+
+SHIPPED_NAME = "block_smollm2"
+
+
+def load_shipped_block(teacher_params: dict | None = None, *, budget: int = 8,
+                       depth: int | None = None) -> tuple[BlockDrafter, dict]:
+    """The packaged block drafter trained for SmolLM2-135M-Instruct: ``(drafter, params)``.
+
+    Args:
+      teacher_params: the teacher's parameters (for the frozen embedding); loaded when
+        ``None``. The teacher weight file must be the one the drafter was trained on.
+      budget: tree nodes per round the caller plans (``>= 1``). A block drafter proposes
+        marginals, so the tree budget is the run's ``SpecConfig.budget``; the argument keeps
+        one loader signature for all shipped drafters.
+      depth: marginals per round (default: the trained block size).
+
+    Raises:
+      ValueError: the installed teacher is not the one the drafter was trained for, or a bad
+        ``budget`` / ``depth``.
+    """
+    from importlib import resources
+
+    from eaglepangu_jax.models import smollm2
+    from eaglepangu_jax.training.train import load_checkpoint
+
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    path = resources.files("eaglepangu_jax") / "weights" / SHIPPED_NAME
+    config, head, d2t, _, _ = load_checkpoint(str(path), kind="block",
+                                              fingerprint=smollm2.teacher_fingerprint())
+    if teacher_params is None:
+        _, teacher_params = smollm2.load_smollm2()
+    drafter = BlockDrafter(config=config, depth=depth)
+    return drafter, make_params(head, teacher_params["embed"], d2t)

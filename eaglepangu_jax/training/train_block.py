@@ -1,0 +1,185 @@
+"""Training objective of the block drafter: random anchors, one block per anchor.
+
+For one sequence the context K/V of every position are computed once; then ``A`` anchors
+``p`` (root positions) are drawn in the answer region, and anchor ``p``'s block
+``[embed(x_p), MASK, ...]`` reads the context of positions ``< p`` and its own block, exactly
+what :meth:`~eaglepangu_jax.drafters.block.BlockDrafter.propose` sees with ``x_p`` as the root.
+Slot ``i`` is scored against ``x_{p+i+1}`` (the data *is* the teacher's greedy answer, so its
+next token is the teacher's argmax): hard cross-entropy over the draft vocabulary, masked where
+the target is a prompt token, past the sequence or outside the draft vocabulary. Each depth's
+loss is a mean over its targets; depths are weighted ``0.8 ** i`` (the acceptance of depth
+``i`` needs the ``i`` earlier ones, so the first depths matter most).
+
+**Context windows** (``TrainConfig.context_window = W > 0``): half of the blocks see only the
+last ``1 .. W`` context positions (drawn uniformly), like the engine's draft window. On small
+data a block that always sees its whole sequence learns to recognise it (from the prompt) and
+recite the memorised answer; a block that must also work from the recent context alone has to
+learn what carries over to new text.
+
+Anchors and windows are a function of ``(seed, step)``, so a run and its resume see the same
+blocks. The
+loop, optimiser and checkpoints are shared with EAGLE-3 (:mod:`eaglepangu_jax.training.train`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from eaglepangu_jax.drafters import block
+
+DEPTH_DECAY = 0.8
+
+
+def anchor_range(prompt_len: int, length: int) -> tuple[int, int]:
+    """``[lo, hi)`` of valid root positions: the root's next token must be an answer token
+    (``p + 1 >= prompt_len``) inside the sequence (``p + 1 < length``)."""
+    return max(prompt_len - 1, 0), max(length - 1, 0)
+
+
+def sample_anchors(prompt_lens: np.ndarray, lengths: np.ndarray, num_anchors: int,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``A`` distinct anchors per sequence, uniform over its valid range; ``ok`` is False for
+    the padding of sequences with fewer than ``A`` valid anchors."""
+    b = len(prompt_lens)
+    anchors = np.zeros((b, num_anchors), np.int32)
+    ok = np.zeros((b, num_anchors), bool)
+    for i in range(b):
+        lo, hi = anchor_range(int(prompt_lens[i]), int(lengths[i]))
+        picks = lo + rng.permutation(max(hi - lo, 0))[:num_anchors]
+        anchors[i, : len(picks)] = picks
+        ok[i, : len(picks)] = True
+    return anchors, ok
+
+
+def sample_windows(anchors: np.ndarray, window: int, rng: np.random.Generator) -> np.ndarray:
+    """First visible context position of each block: ``0`` for half of them, the anchor
+    minus ``1 .. window`` (uniform) for the others; ``window = 0`` shows all context."""
+    since = np.zeros(anchors.shape, np.int32)
+    if window > 0:
+        local = rng.random(anchors.shape) < 0.5
+        width = rng.integers(1, window + 1, size=anchors.shape)
+        since = np.where(local, np.maximum(anchors - width, 0), 0).astype(np.int32)
+    return since
+
+
+def all_anchors(prompt_lens: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every valid anchor of each sequence, left-aligned and padded to the longest answer;
+    ``ok`` marks the real ones (for evaluation)."""
+    ranges = [anchor_range(int(p), int(n)) for p, n in zip(prompt_lens, lengths)]
+    width = max(max(hi - lo for lo, hi in ranges), 1)
+    anchors = np.zeros((len(ranges), width), np.int32)
+    ok = np.zeros((len(ranges), width), bool)
+    for i, (lo, hi) in enumerate(ranges):
+        anchors[i, : hi - lo] = np.arange(lo, hi)
+        ok[i, : hi - lo] = True
+    return anchors, ok
+
+
+def block_targets(targets: Int[Array, "T"], anchors: Int[Array, "A"], block_size: int
+                  ) -> Int[Array, "A D"]:
+    """Draft id of the token at ``anchor + i + 1`` for each slot ``i``; ``-1``: not a target."""
+    t = targets.shape[0]
+    index = anchors[:, None] + 1 + jnp.arange(block_size, dtype=jnp.int32)[None, :]
+    return jnp.where(index < t, targets[jnp.minimum(index, t - 1)], -1)
+
+
+def sequence_scores(head: dict, config: block.BlockConfig, embed: Float[Array, "V H"],
+                    features: Float[Array, "T F H"], tokens: Int[Array, "T"],
+                    targets: Int[Array, "T"], anchors: Int[Array, "A"], ok: Bool[Array, "A"],
+                    since: Int[Array, "A"]
+                    ) -> tuple[Float[Array, "A D"], Bool[Array, "A D"], Bool[Array, "A D"]]:
+    """Per anchor and slot of one sequence: target log-probability, top-1 hit, target valid.
+    Block ``a`` sees the context positions ``since[a] <= s < anchors[a]``."""
+    t = tokens.shape[0]
+    positions = jnp.arange(t, dtype=jnp.int32)
+    stream = block.context_stream(head, config, features.astype(jnp.float32))
+    ctx_k, ctx_v = block.context_kv(head, config, stream, positions)
+    visible = (positions[None, :] < anchors[:, None]) & (positions[None, :] >= since[:, None])
+    last = jnp.where((anchors > since)[:, None], stream[jnp.maximum(anchors - 1, 0)], 0.0)
+    logits = block.block_logits(head, config, embed, ctx_k, ctx_v, visible, tokens[anchors],
+                                anchors, last)  # [A, D, Vd]
+    tgt = block_targets(targets, anchors, config.block_size)
+    valid = (tgt >= 0) & ok[:, None]
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(logp, jnp.maximum(tgt, 0)[..., None], axis=-1)[..., 0]
+    hit = valid & (jnp.argmax(logits, axis=-1) == tgt)
+    return jnp.where(valid, picked, 0.0), hit, valid
+
+
+def batch_loss(head: dict, config: block.BlockConfig, embed: Float[Array, "V H"],
+               features: Float[Array, "B T F H"], tokens: Int[Array, "B T"],
+               targets: Int[Array, "B T"], anchors: Int[Array, "B A"], ok: Bool[Array, "B A"],
+               since: Int[Array, "B A"]) -> tuple[Float[Array, ""], Float[Array, "D"]]:
+    """Depth-weighted mean cross-entropy and each depth's top-1 accuracy on the batch."""
+    picked, hit, valid = jax.vmap(
+        lambda f, tk, tg, an, k, w: sequence_scores(head, config, embed, f, tk, tg, an, k, w)
+    )(features, tokens, targets, anchors, ok, since)
+    count = jnp.maximum(jnp.sum(valid, axis=(0, 1)).astype(jnp.float32), 1.0)  # [D]
+    nll = -jnp.sum(picked, axis=(0, 1)) / count
+    weights = jnp.float32(DEPTH_DECAY) ** jnp.arange(config.block_size, dtype=jnp.float32)
+    return jnp.sum(weights * nll), jnp.sum(hit, axis=(0, 1)).astype(jnp.float32) / count
+
+
+def train_arrays(batches: Any, rows: np.ndarray, step: int, cfg: Any, config: Any
+                 ) -> tuple[np.ndarray, ...]:
+    """Host arrays of training step ``step``: the rows' data and their anchors."""
+    rng = np.random.default_rng([cfg.seed, 1, step])  # a stream apart from batch_indices'
+    anchors, ok = sample_anchors(batches.prompt_lens[rows], batches.lengths[rows], cfg.anchors,
+                                 rng)
+    since = sample_windows(anchors, cfg.context_window, rng)
+    return (batches.features[rows], batches.tokens[rows], batches.targets[rows], anchors, ok,
+            since)
+
+
+def loss(head: dict, config: block.BlockConfig, embed: Float[Array, "V H"],
+         arrays: tuple[Array, ...], cfg: Any) -> tuple[Float[Array, ""], Float[Array, "D"]]:
+    """:func:`batch_loss` on :func:`train_arrays`' output (the shared loop's interface)."""
+    return batch_loss(head, config, embed, *arrays)
+
+
+def evaluate(head: dict, config: block.BlockConfig, embed: Float[Array, "V H"], batches: Any,
+             *, chunk: int = 4) -> dict[str, Any]:
+    """Held-out figures over every valid anchor of ``batches``.
+
+    Returns:
+      ``accuracy[i]``: top-1 accuracy at depth ``i + 1`` (targets in the draft vocabulary);
+      ``chain[i]``: share of anchors whose top-1 tokens are right at all depths ``<= i + 1``;
+      ``chain_accepted_length``: ``1 + sum(chain)``, the accepted length a single top-1 chain
+      of depth ``D`` would reach (bonus token included); ``nll``: mean per depth; ``loss``:
+      the training loss's depth-weighted sum of ``nll``; ``anchors``: anchors evaluated.
+    """
+    anchors, ok = all_anchors(batches.prompt_lens, batches.lengths)
+    embed = jnp.asarray(embed, jnp.float32)
+
+    @jax.jit
+    def scores(features, tokens, targets, anchors, ok):
+        return jax.vmap(lambda f, tk, tg, an, k: sequence_scores(
+            head, config, embed, f, tk, tg, an, k, jnp.zeros_like(an)))(
+            features, tokens, targets, anchors, ok)
+
+    d = config.block_size
+    nll, hits, counts = np.zeros(d), np.zeros(d), np.zeros(d)
+    chain, num_anchors = np.zeros(d), 0
+    for begin in range(0, batches.tokens.shape[0], chunk):
+        sl = slice(begin, begin + chunk)
+        picked, hit, valid = (np.asarray(x) for x in scores(
+            jnp.asarray(batches.features[sl]), jnp.asarray(batches.tokens[sl]),
+            jnp.asarray(batches.targets[sl]), jnp.asarray(anchors[sl]), jnp.asarray(ok[sl])))
+        nll -= picked.sum(axis=(0, 1))
+        hits += hit.sum(axis=(0, 1))
+        counts += valid.sum(axis=(0, 1))
+        live = ok[sl]
+        chain += (np.cumprod(hit, axis=-1)[live]).sum(axis=0)
+        num_anchors += int(live.sum())
+    counts = np.maximum(counts, 1)
+    chain = chain / max(num_anchors, 1)
+    weights = DEPTH_DECAY ** np.arange(d)
+    return {"accuracy": (hits / counts).tolist(), "nll": (nll / counts).tolist(),
+            "loss": float(np.sum(weights * nll / counts)),
+            "chain": chain.tolist(), "chain_accepted_length": float(1.0 + chain.sum()),
+            "anchors": num_anchors}

@@ -1,0 +1,316 @@
+"""Block (DFlash-style) drafter: marginals, context window, losslessness in the engine,
+training objective, checkpoints, shipped weights."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from eaglepangu_jax import bench
+from eaglepangu_jax.drafters import DRAFTERS, block, eagle3, make_drafter
+from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.drafter import DraftContext
+from eaglepangu_jax.engine.generate import Teacher, generate
+from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.init import random_params
+from eaglepangu_jax.training import data as data_lib
+from eaglepangu_jax.training import train as train_lib
+from eaglepangu_jax.training import train_block
+
+FP = "f" * 64
+CFG = LlamaConfig.tiny()
+CAPACITY = 32
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    params = random_params(CFG, jax.random.key(0))
+    cfg = block.BlockConfig.for_teacher(CFG, 24, block_size=4, num_layers=2)
+    d2t = jnp.asarray((np.arange(24) * 4) % CFG.vocab_size, jnp.int32)
+    head = _with_injection(block.init_head(cfg, jax.random.key(1), embed=params["embed"],
+                                           d2t=d2t, final_norm=params["final_norm"]))
+    return params, cfg, block.make_params(head, params["embed"], d2t)
+
+
+def _with_injection(head):
+    """``w_last`` starts at zero; a random one exercises the injected-context path too."""
+    w = head["w_last"]
+    return {**head, "w_last": jax.random.normal(jax.random.key(9), w.shape, jnp.float32)
+            / jnp.float32(np.sqrt(w.shape[0]))}
+
+
+def _context(cfg, num_tokens=12, num_features=11, start=0, seed=5):
+    tokens = jnp.asarray(np.arange(CAPACITY) % 50 + 3, jnp.int32)
+    feats = jax.random.normal(jax.random.key(seed), (num_features, len(cfg.feature_layers),
+                                                     cfg.hidden_size), jnp.float32)
+    return DraftContext(tokens=tokens, num_tokens=jnp.int32(num_tokens), features=feats,
+                        num_features=jnp.int32(num_features), start=jnp.int32(start))
+
+
+def _marginals(drafter, params, ctx):
+    state = drafter.init_state(params, ctx)
+    return drafter.propose(params, state, ctx, jax.random.key(0)).marginals
+
+
+def test_config_shapes_and_validation(tiny):
+    _, cfg, params = tiny
+    assert cfg.feature_layers == eagle3.Eagle3Config.for_teacher(CFG, 24).feature_layers
+    assert {k: tuple(v.shape) for k, v in params["head"].items()} == cfg.head_shapes()
+    assert cfg.head_shapes()["wq"] == (2, 32, 32) and cfg.head_shapes()["ctx_wk"] == (2, 32, 16)
+    assert block.BlockConfig.from_json(cfg.to_json()) == cfg
+    drafter = block.BlockDrafter(config=cfg)
+    assert drafter.max_depth == 4 and drafter.feature_layers == cfg.feature_layers
+    assert DRAFTERS["block"] is block.BlockDrafter
+    assert make_drafter("block", config=cfg, depth=2).max_depth == 2
+    with pytest.raises(ValueError, match="depth"):
+        block.BlockDrafter(config=cfg, depth=5)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        dataclasses.replace(cfg, num_kv_heads=3)
+    with pytest.raises(ValueError, match="block_size"):
+        dataclasses.replace(cfg, block_size=0)
+
+
+@pytest.mark.parametrize("poison", ["none", "lm_head_column", "everything"])
+def test_marginals_are_log_probs_on_draft_ids_and_never_nan(tiny, poison):
+    _, cfg, params = tiny
+    head = dict(params["head"])
+    if poison == "lm_head_column":
+        head["lm_head"] = head["lm_head"].at[:, 5].set(jnp.nan)
+    elif poison == "everything":
+        head = {k: jnp.full_like(v, jnp.nan) for k, v in head.items()}
+    params = {**params, "head": head}
+    drafter = block.BlockDrafter(config=cfg, depth=3)
+    m = np.asarray(jax.jit(lambda p, c: _marginals(drafter, p, c))(params, _context(cfg)))
+    assert m.shape == (3, CFG.vocab_size) and m.dtype == np.float32
+    assert not np.isnan(m).any()
+    on = np.zeros(CFG.vocab_size, bool)
+    on[np.asarray(params["d2t"])] = True
+    assert np.all(m[:, ~on] == -np.inf)
+    if poison == "none":
+        assert np.all(np.isfinite(m[:, on]))
+        np.testing.assert_allclose(jax.scipy.special.logsumexp(m, axis=-1), 0.0, atol=1e-5)
+    else:
+        assert np.all(m == -np.inf)  # a NaN anywhere in a row poisons its whole softmax
+
+
+def test_jit_equals_eager(tiny):
+    _, cfg, params = tiny
+    drafter = block.BlockDrafter(config=cfg)
+    ctx = _context(cfg)
+    eager = _marginals(drafter, params, ctx)
+    jitted = jax.jit(lambda p, c: _marginals(drafter, p, c))(params, ctx)
+    np.testing.assert_allclose(np.asarray(jitted), np.asarray(eager), rtol=1e-5, atol=1e-5)
+
+
+def test_incremental_updates_equal_one_init(tiny):
+    """Features fed over several rounds give the same state as all of them at once."""
+    _, cfg, params = tiny
+    drafter = block.BlockDrafter(config=cfg)
+    full = _context(cfg, num_tokens=12, num_features=11)
+    first = dataclasses.replace(full, num_tokens=jnp.int32(8), features=full.features[:7],
+                                num_features=jnp.int32(7))
+    state = drafter.init_state(params, first)
+    # Round: 4 accepted tokens; the rows of the last round's path are padded to depth + 1.
+    feats = jnp.zeros((5,) + full.features.shape[1:], jnp.float32).at[:4].set(full.features[7:])
+    state = drafter.update(params, state, dataclasses.replace(full, features=feats,
+                                                              num_features=jnp.int32(4)))
+    once = drafter.init_state(params, full)
+    np.testing.assert_allclose(np.asarray(state.k[:, :11]), np.asarray(once.k[:, :11]),
+                               atol=1e-6)
+    assert int(state.length) == int(once.length) == 11 and int(state.first) == 0
+    np.testing.assert_allclose(np.asarray(drafter.propose(params, state, full, None).marginals),
+                               np.asarray(drafter.propose(params, once, full, None).marginals),
+                               atol=1e-5)
+
+
+@given(st.integers(1, 11), st.integers(0, 10_000))
+@settings(max_examples=15, deadline=None)
+def test_start_hides_old_context(start, seed):
+    """With ``start``, positions before it cannot change the marginals; visible ones can
+    (context positions are 0..10, the root is at 11: ``start = 11`` hides them all)."""
+    params = random_params(CFG, jax.random.key(0))
+    cfg = block.BlockConfig.for_teacher(CFG, 24, block_size=4, num_layers=2)
+    d2t = jnp.asarray((np.arange(24) * 4) % CFG.vocab_size, jnp.int32)
+    dparams = block.make_params(_with_injection(block.init_head(cfg, jax.random.key(1))),
+                                params["embed"], d2t)
+    drafter = block.BlockDrafter(config=cfg)
+    run = _jitted_marginals(drafter)
+    ctx = _context(cfg, start=start)
+    noise = jax.random.normal(jax.random.key(seed), ctx.features.shape, jnp.float32)
+    hidden = jnp.arange(ctx.features.shape[0])[:, None, None] < start
+    changed_old = dataclasses.replace(ctx, features=jnp.where(hidden, noise, ctx.features))
+    changed_new = dataclasses.replace(ctx, features=jnp.where(hidden, ctx.features, noise))
+    base = np.asarray(run(dparams, ctx))
+    np.testing.assert_allclose(np.asarray(run(dparams, changed_old)), base, atol=1e-5)
+    new = np.asarray(run(dparams, changed_new))
+    if start <= 10:
+        assert not np.allclose(new, base, atol=1e-4)
+    else:
+        np.testing.assert_allclose(new, base, atol=1e-5)
+    # Without the window the old positions are seen again.
+    seen = dataclasses.replace(changed_old, start=jnp.int32(0))
+    assert not np.allclose(np.asarray(run(dparams, seen)), base, atol=1e-4)
+
+
+_JITTED = {}
+
+
+def _jitted_marginals(drafter):
+    if drafter not in _JITTED:
+        _JITTED[drafter] = jax.jit(lambda p, c: _marginals(drafter, p, c))
+    return _JITTED[drafter]
+
+
+# -------------------------------------------------------------------------------- engine
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    # Scaled weights make the random teacher's argmax depend on the context (not one token).
+    params = random_params(CFG, jax.random.key(3))
+    params = jax.tree_util.tree_map(lambda x: x * 3.0 if x.ndim >= 2 else x, params)
+    return Teacher(CFG, params)
+
+
+@pytest.mark.parametrize("policy", ["best_first", "auto"])
+def test_generation_with_block_drafter_equals_greedy(teacher, tiny, policy):
+    _, cfg, dparams = tiny
+    dparams = {**dparams, "embed": teacher.params["embed"]}
+    drafter = block.BlockDrafter(config=cfg, depth=3)
+    spec = SpecConfig(policy=policy, budget=6, depth=3, max_new_tokens=20)
+    for prompt in ([5, 9, 13, 17, 21, 25, 29], [7]):
+        latency = bench.auto_verify_latency(teacher.config, spec, len(prompt))
+        plain = generate(teacher, None, prompt, spec)
+        out = generate(teacher, drafter, prompt, spec, draft_params=dparams,
+                       verify_latency=latency)
+        assert out.tokens == plain.tokens
+        assert out.stats.rounds <= plain.stats.rounds
+        assert max(out.stats.nodes_per_round) <= spec.budget
+
+
+# ------------------------------------------------------------------------------ training
+
+
+def _fake_setup(seed=0, block_size=3):
+    rng = np.random.default_rng(seed)
+    f, h = 3, CFG.hidden_size
+    shards = []
+    for _ in range(2):
+        lens = [14, 11, 16]
+        # A learnable rule: the answer counts up, so every depth's target follows the root.
+        toks = np.concatenate([np.concatenate([rng.integers(3, 9, size=3),
+                                               3 + (np.arange(n - 3) + rng.integers(0, 5)) % 14])
+                               for n in lens]).astype(np.int32)
+        shards.append(data_lib.Shard(
+            tokens=toks, offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+            prompt_lens=np.asarray([3, 3, 3], np.int32),
+            features=rng.normal(size=(sum(lens), f, h)).astype(np.float16)))
+    vocab = build_vocab(token_counts((s.tokens for s in shards), CFG.vocab_size), 20)
+    cfg = block.BlockConfig.for_teacher(CFG, 20, block_size=block_size, num_layers=1)
+    batches = train_lib.make_batches(shards, vocab, 16)
+    embed = random_params(CFG, jax.random.key(1))["embed"]
+    return cfg, vocab, batches, embed
+
+
+def test_anchors_lie_in_the_answer_region_and_targets_follow_them():
+    prompt_lens, lengths = np.asarray([3, 5, 4]), np.asarray([10, 6, 4])
+    anchors, ok = train_block.sample_anchors(prompt_lens, lengths, 4, np.random.default_rng(0))
+    for i in range(3):
+        lo, hi = train_block.anchor_range(int(prompt_lens[i]), int(lengths[i]))
+        picked = anchors[i][ok[i]]
+        assert len(picked) == min(4, hi - lo) and len(set(picked.tolist())) == len(picked)
+        assert np.all((picked >= lo) & (picked < hi))
+    assert ok.sum(axis=1).tolist() == [4, 1, 0]  # a prompt-only row has no anchor
+    since = train_block.sample_windows(anchors, 3, np.random.default_rng(1))
+    assert np.all((since == 0) | ((since >= anchors - 3) & (since < anchors)))
+    assert np.all(train_block.sample_windows(anchors, 0, np.random.default_rng(1)) == 0)
+    targets = jnp.asarray([-1, -1, 7, 8, 9, -1], jnp.int32)
+    tg = train_block.block_targets(targets, jnp.asarray([1, 4], jnp.int32), 3)
+    assert tg.tolist() == [[7, 8, 9], [-1, -1, -1]]
+
+
+def test_training_learns_is_deterministic_and_resumes_to_the_same_curve(tmp_path):
+    cfg, vocab, batches, embed = _fake_setup()
+    tc = train_lib.TrainConfig(steps=24, batch_size=3, seq_len=16, anchors=6, warmup_steps=2,
+                               learning_rate=1e-2, checkpoint_every=4, context_window=4)
+    _, a = train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP, progress=False)
+    _, b = train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP, progress=False)
+    assert a == b and len(a) == 24 and all(np.isfinite(a))
+    assert np.mean(a[-4:]) < 0.7 * np.mean(a[:4])
+    ckpt = tmp_path / "run"
+    _, first = train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP,
+                               checkpoint=ckpt, progress=False, until=10)
+    assert first == a[:10]
+    assert train_lib.load_checkpoint(ckpt, fingerprint=FP)[3]["step"] == 10
+    _, resumed = train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP,
+                                 checkpoint=ckpt, progress=False)
+    np.testing.assert_allclose(resumed, a, rtol=1e-5)
+    with pytest.raises(ValueError, match="other settings.*anchors=6"):
+        train_lib.train(batches, cfg, vocab, embed, dataclasses.replace(tc, anchors=5),
+                        fingerprint=FP, checkpoint=ckpt, progress=False)
+    other = dataclasses.replace(tc, seed=1, steps=4)
+    assert train_lib.train(batches, cfg, vocab, embed, other, fingerprint=FP,
+                           progress=False)[1] != a[:4]
+
+
+def test_evaluate_reports_per_depth_accuracy():
+    cfg, vocab, batches, embed = _fake_setup()
+    head = block.init_head(cfg, jax.random.key(0), embed=embed, d2t=vocab.d2t)
+    report = train_block.evaluate(head, cfg, embed, batches, chunk=4)
+    assert len(report["accuracy"]) == 3 and all(0 <= a <= 1 for a in report["accuracy"])
+    chain = report["chain"]
+    assert all(chain[i + 1] <= chain[i] <= report["accuracy"][0] + 1e-9 for i in range(2))
+    assert report["chain_accepted_length"] == pytest.approx(1 + sum(chain))
+    lo_hi = [train_block.anchor_range(int(p), int(n))
+             for p, n in zip(batches.prompt_lens, batches.lengths)]
+    assert report["anchors"] == sum(hi - lo for lo, hi in lo_hi)
+
+
+def test_checkpoint_round_trip_and_refusals(tmp_path):
+    cfg, vocab, _, _ = _fake_setup()
+    head = block.init_head(cfg, jax.random.key(3))
+    path = tmp_path / "ck"
+    train_lib.save_checkpoint(path, head, cfg, vocab.d2t, fingerprint=FP, extra={"step": 0})
+    cfg2, head2, d2t, meta, _ = train_lib.load_checkpoint(path, fingerprint=FP, kind="block")
+    assert cfg2 == cfg and meta["format"] == "eaglepangu-block"
+    assert np.array_equal(d2t, vocab.d2t)
+    for k in head:
+        np.testing.assert_array_equal(np.asarray(head[k]), np.asarray(head2[k]))
+    with pytest.raises(ValueError, match="teacher"):
+        train_lib.load_checkpoint(path, fingerprint="0" * 64)
+    wrong = dataclasses.replace(cfg, num_layers=2)
+    with pytest.raises(ValueError, match=r"'attn_norm' has shape \(1, 32\), the head needs "
+                                         r"\(2, 32\)"):
+        train_lib.load_checkpoint(path, fingerprint=FP, config=wrong)
+    with pytest.raises(ValueError, match="kind 'block', not the 'eagle3'"):
+        train_lib.load_checkpoint(path, fingerprint=FP, kind="eagle3")
+    with pytest.raises(ValueError, match="kind 'block', not the 'eagle3'"):
+        train_lib.load_checkpoint(path, fingerprint=FP,
+                                  config=eagle3.Eagle3Config.for_teacher(CFG, 20))
+
+
+# ------------------------------------------------------------------------------ shipped
+
+
+@pytest.mark.slow
+def test_shipped_block_drafter_on_real_teacher_is_lossless():
+    from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
+
+    cfg, params = smollm2.load_smollm2()
+    teacher = Teacher(cfg, llama.prepare_params(params))
+    drafter, dparams = block.load_shipped_block(params, budget=8)
+    assert drafter.max_depth == drafter.config.block_size
+    tok = tokenizer.load_tokenizer()
+    prompt = chat.encode_chat(tok, [{"role": "user", "content": "What is the capital of France?"}])
+    spec = SpecConfig(policy="best_first", budget=8, depth=drafter.max_depth,
+                      max_new_tokens=20)
+    plain = generate(teacher, None, prompt, spec)
+    out = generate(teacher, drafter, prompt, spec, draft_params=dparams)
+    assert out.tokens == plain.tokens
+    assert out.stats.accepted_length > 1.0
