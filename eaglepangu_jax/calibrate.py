@@ -434,6 +434,16 @@ def fit_samples(samples: Sequence[Sample], roofline: budget_lib.Roofline
     return budget_lib.calibrate(roofline, rows)
 
 
+def _points(config: LlamaConfig, slots: Any, context: Any, window: Any
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``slots``, ``context`` and ``window`` broadcast together as int64 arrays; a missing
+    window is the engine's for ``context + slots``."""
+    s, c = np.broadcast_arrays(np.asarray(slots, np.int64), np.asarray(context, np.int64))
+    if window is None:
+        window = np.vectorize(lambda ci, si: engine_window(int(ci), int(si), config))(c, s)
+    return s, c, np.broadcast_to(np.asarray(window, np.int64), s.shape)
+
+
 def roofline_prediction(calibration: MachineCalibration, config: LlamaConfig, slots: Any,
                         context: Any, window: Any = None) -> np.ndarray:
     """The fitted roofline's seconds for the verify forward (no overheads, no correction).
@@ -443,9 +453,7 @@ def roofline_prediction(calibration: MachineCalibration, config: LlamaConfig, sl
       context: committed tokens (array-like, broadcast with ``slots``).
       window: the attention window; default: the engine's for ``context + slots``.
     """
-    s, c = np.broadcast_arrays(np.asarray(slots, np.int64), np.asarray(context, np.int64))
-    if window is None:
-        window = np.vectorize(lambda ci, si: engine_window(int(ci), int(si), config))(c, s)
+    s, _, window = _points(config, slots, context, window)
     c_eff = attended_context(s, window)
     out = budget_lib.latency(calibration.roofline(config), calibration.coefficients,
                              jnp.asarray(s, jnp.float32), jnp.asarray(c_eff, jnp.float32))
@@ -492,10 +500,7 @@ def predict(calibration: MachineCalibration, config: LlamaConfig, slots: Any, co
       context: committed tokens (array-like, broadcast with ``slots``).
       window: the attention window; default: the engine's for ``context + slots``.
     """
-    s, c = np.broadcast_arrays(np.asarray(slots, np.int64), np.asarray(context, np.int64))
-    if window is None:
-        window = np.vectorize(lambda ci, si: engine_window(int(ci), int(si), config))(c, s)
-    w = np.broadcast_to(np.asarray(window, np.int64), s.shape)
+    s, c, w = _points(config, slots, context, window)
     table = _measured_table(calibration)
     if not table:
         return roofline_prediction(calibration, config, s, c, w)

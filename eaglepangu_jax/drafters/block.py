@@ -46,7 +46,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from eaglepangu_jax.drafters.eagle3 import (_rms, _safe_log_softmax, default_feature_layers,
                                             draft_logits, finish, fuse, make_params)
-from eaglepangu_jax.engine.drafter import DraftContext, Proposal
+from eaglepangu_jax.engine.drafter import DraftContext, FeatureHeadDrafter, Proposal
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
 
@@ -278,7 +278,7 @@ class BlockState:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BlockDrafter:
+class BlockDrafter(FeatureHeadDrafter):
     """Block drafter (see the module docstring); params from :func:`make_params`.
 
     It proposes marginals, never a tree: run it under the ``best_first`` or ``auto`` policy.
@@ -300,14 +300,6 @@ class BlockDrafter:
         if not 1 <= self.depth <= self.config.block_size:
             raise ValueError(f"depth must lie in [1, block_size = {self.config.block_size}], "
                              f"got {self.depth}")
-
-    @property
-    def max_depth(self) -> int:
-        return self.depth
-
-    @property
-    def feature_layers(self) -> tuple[int, ...]:
-        return self.config.feature_layers
 
     def init_state(self, params: Any, context: DraftContext) -> BlockState:
         """Empty cache, then the prompt positions whose features the engine handed over."""
@@ -372,17 +364,10 @@ def load_shipped_block(teacher_params: dict | None = None, *, budget: int = 8,
       ValueError: the installed teacher is not the one the drafter was trained for, or a bad
         ``budget`` / ``depth``.
     """
-    from importlib import resources
-
-    from eaglepangu_jax.models import smollm2
-    from eaglepangu_jax.training.train import load_checkpoint
+    from eaglepangu_jax.drafters.shipped import load_packaged
 
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
-    path = resources.files("eaglepangu_jax") / "weights" / SHIPPED_NAME
-    config, head, d2t, _, _ = load_checkpoint(str(path), kind="block",
-                                              fingerprint=smollm2.teacher_fingerprint())
-    if teacher_params is None:
-        _, teacher_params = smollm2.load_smollm2()
+    config, head, d2t, embed = load_packaged(SHIPPED_NAME, "block", teacher_params)
     drafter = BlockDrafter(config=config, depth=depth)
-    return drafter, make_params(head, teacher_params["embed"], d2t)
+    return drafter, make_params(head, embed, d2t)

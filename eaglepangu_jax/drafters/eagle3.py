@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from eaglepangu_jax import tree as tree_lib
-from eaglepangu_jax.engine.drafter import DraftContext, Proposal
+from eaglepangu_jax.engine.drafter import DraftContext, FeatureHeadDrafter, Proposal
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
 
@@ -262,7 +262,7 @@ class Eagle3State:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Eagle3Drafter:
+class Eagle3Drafter(FeatureHeadDrafter):
     """EAGLE-3 drafter (see the module docstring); params from :func:`make_params`.
 
     Attributes:
@@ -286,14 +286,6 @@ class Eagle3Drafter:
         if self.top_k > self.config.draft_vocab_size:
             raise ValueError(f"top_k {self.top_k} exceeds the draft vocabulary "
                              f"{self.config.draft_vocab_size}")
-
-    @property
-    def max_depth(self) -> int:
-        return self.depth
-
-    @property
-    def feature_layers(self) -> tuple[int, ...]:
-        return self.config.feature_layers
 
     def init_state(self, params: Any, context: DraftContext) -> Eagle3State:
         """Empty cache, then the prompt positions whose features the engine handed over."""
@@ -443,15 +435,8 @@ def load_shipped_eagle3(teacher_params: dict | None = None, *, budget: int = 16,
     Raises:
       ValueError: the installed teacher is not the one the head was trained for.
     """
-    from importlib import resources
+    from eaglepangu_jax.drafters.shipped import load_packaged
 
-    from eaglepangu_jax.models import smollm2
-    from eaglepangu_jax.training.train import load_checkpoint
-
-    path = resources.files("eaglepangu_jax") / "weights" / SHIPPED_NAME
-    config, head, d2t, _, _ = load_checkpoint(str(path),
-                                              fingerprint=smollm2.teacher_fingerprint())
-    if teacher_params is None:
-        _, teacher_params = smollm2.load_smollm2()
+    config, head, d2t, embed = load_packaged(SHIPPED_NAME, "eagle3", teacher_params)
     drafter = Eagle3Drafter(config=config, budget=budget, depth=depth, top_k=top_k)
-    return drafter, make_params(head, teacher_params["embed"], d2t)
+    return drafter, make_params(head, embed, d2t)

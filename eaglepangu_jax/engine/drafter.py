@@ -96,3 +96,16 @@ class StatelessDrafter:
 
     def update(self, params: Any, state: Any, context: DraftContext) -> Any:
         return state
+
+
+class FeatureHeadDrafter:
+    """Defaults for trained heads conditioned on teacher features: a ``config`` with
+    ``feature_layers`` and a ``depth`` field (EAGLE-3, block drafters)."""
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth  # type: ignore[attr-defined]
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.config.feature_layers  # type: ignore[attr-defined]
