@@ -73,6 +73,7 @@ OVERHEAD_ROUNDS = 32  # plain decoding rounds timed per repeat for t_other
 OVERHEAD_FORWARDS = 8  # one-slot verify forwards timed per repeat beside them
 _PROBE_SPEC = SpecConfig(depth=bench.DEFAULT_DEPTH)  # verify probes: greedy acceptance
 _FIT_KEYS = ("a_c", "b_c", "a_m", "b_m")
+_WARNED: set[str] = set()  # drafters already reported as lacking a drafting cost
 
 
 class CalibrationFileError(ValueError):
@@ -793,7 +794,8 @@ def curve_for(config: LlamaConfig, spec: SpecConfig, context: int,
     if calibration is None:
         calibration = uncalibrated(config, dtype)
     if drafter_name is not None and drafter_name not in calibration.t_draft:
-        if calibration.samples:
+        if calibration.samples and drafter_name not in _WARNED:
+            _WARNED.add(drafter_name)  # once per process: this runs for every generation
             log.warning("drafter %r has no calibrated drafting cost: counting none",
                         drafter_name)
         drafter_name = None
