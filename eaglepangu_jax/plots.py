@@ -233,7 +233,7 @@ def speedup_distribution(report: Mapping[str, Any], path: str | os.PathLike, *,
         raise ValueError("the report has no turns or no method besides greedy to plot")
     categories = list(dict.fromkeys(t["category"] for t in report["turns"]))
     colours = _cycle(len(methods))
-    fig = _figure(max(7.5, 3.6 + (0.55 * len(methods) + 0.5) * len(categories)), 7.0)
+    fig = _figure(min(16.0, max(7.5, 3.6 + (0.55 * len(methods) + 0.5) * len(categories))), 7.0)
     axes = fig.subplots(2, 1, sharex=True)
     width = 0.8 / len(methods)
     rng = np.random.default_rng(0)  # fixed jitter: the same report draws the same figure
