@@ -262,3 +262,15 @@ def test_reference_mode_raises_on_a_broken_drafter_tree(teacher, monkeypatch):
     monkeypatch.setenv("EAGLEPANGU_MODE", "reference")
     with pytest.raises(Exception, match="invalid tree: invariant"):
         gen.generate(teacher, GarbageDrafter(5, 3), PROMPT, spec)
+
+
+def test_sample_many_does_not_depend_on_the_chunk(teacher):
+    """Streams decoded in chunks (the last one padded) equal streams decoded all at once."""
+    spec = SpecConfig(budget=4, depth=3, max_new_tokens=6, eos_id=NO_EOS, acceptance="sample",
+                      temperature=1.0, seed=5)
+    whole = gen.sample_many(teacher, None, PROMPT, spec, 7, chunk=7)
+    chunked = gen.sample_many(teacher, None, PROMPT, spec, 7, chunk=3)
+    assert chunked == whole
+    assert len({tuple(s) for s in whole}) > 1, "streams should differ"
+    with pytest.raises(ValueError, match="chunk must be >= 1"):
+        gen.sample_many(teacher, None, PROMPT, spec, 2, chunk=0)
