@@ -44,8 +44,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from eaglepangu_jax.drafters.eagle3 import (_rms, _safe_log_softmax, default_feature_layers,
-                                            draft_logits, finish, fuse, make_params)
+from eaglepangu_jax.drafters.eagle3 import (_rms, _safe_log_softmax, check_head_config,
+                                            default_feature_layers, draft_logits, finish, fuse,
+                                            make_params)
 from eaglepangu_jax.engine.drafter import DraftContext, FeatureHeadDrafter, Proposal
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
@@ -82,14 +83,7 @@ class BlockConfig:
                       "intermediate_size", "block_size"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads "
-                             f"{self.num_kv_heads}")
-        if not 1 <= self.draft_vocab_size <= self.teacher_vocab_size:
-            raise ValueError(f"draft vocabulary {self.draft_vocab_size} must lie in [1, "
-                             f"{self.teacher_vocab_size}]")
-        if not self.feature_layers:
-            raise ValueError("feature_layers must name at least one teacher layer")
+        check_head_config(self)
 
     @classmethod
     def for_teacher(cls, teacher: LlamaConfig, draft_vocab_size: int, *, block_size: int = 8,

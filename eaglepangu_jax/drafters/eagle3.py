@@ -52,6 +52,19 @@ def default_feature_layers(num_layers: int) -> tuple[int, ...]:
     return tuple(sorted({min(2, n - 1), n // 2, max(n - 3, 0)}))
 
 
+def check_head_config(config: Any) -> None:
+    """Checks every trained head's config shares: attention grouping, draft vocabulary size
+    and at least one tapped teacher layer (raises ``ValueError`` naming the problem)."""
+    if config.num_heads % config.num_kv_heads:
+        raise ValueError(f"num_heads {config.num_heads} is not a multiple of num_kv_heads "
+                         f"{config.num_kv_heads}")
+    if not 1 <= config.draft_vocab_size <= config.teacher_vocab_size:
+        raise ValueError(f"draft vocabulary {config.draft_vocab_size} must lie in [1, "
+                         f"{config.teacher_vocab_size}]")
+    if not config.feature_layers:
+        raise ValueError("feature_layers must name at least one teacher layer")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Eagle3Config:
     """Static shape of an EAGLE-3 head (hashable)."""
@@ -68,14 +81,7 @@ class Eagle3Config:
     rms_norm_eps: float = 1e-5
 
     def __post_init__(self):
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads "
-                             f"{self.num_kv_heads}")
-        if not 1 <= self.draft_vocab_size <= self.teacher_vocab_size:
-            raise ValueError(f"draft vocabulary {self.draft_vocab_size} must lie in [1, "
-                             f"{self.teacher_vocab_size}]")
-        if not self.feature_layers:
-            raise ValueError("feature_layers must name at least one teacher layer")
+        check_head_config(self)
 
     @classmethod
     def for_teacher(cls, teacher: LlamaConfig, draft_vocab_size: int,
