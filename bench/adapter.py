@@ -3,7 +3,7 @@
 On the same SmolLM2 weights and the same chat-encoded HumanEval prompts, five methods run
 interleaved prompt by prompt (machine noise hits them alike):
 
-* ``jax/greedy``, ``jax/ngram``: :func:`eaglepangu_jax.engine.generate.generate`, rounds on
+* ``jax/greedy``, ``jax/ngram``: :func:`eaglepangu_jax.engine.decode.generate`, rounds on
   device inside one ``while_loop``;
 * ``torch/greedy``, ``torch/ngram``, ``torch/ngram-branches``:
   :func:`npu_backend.runner.generate_torch`, the host-driven loop with the teacher in torch
@@ -31,10 +31,10 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from eaglepangu_jax import suites
-from eaglepangu_jax.bench import CompileWatch
+from eaglepangu_jax.evaluation import suites
+from eaglepangu_jax.evaluation.run import CompileWatch
 from eaglepangu_jax.drafters.ngram import NGramDrafter
-from eaglepangu_jax.engine import generate as engine
+from eaglepangu_jax.engine import decode as engine
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
 from npu_backend import bridge

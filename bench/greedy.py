@@ -22,13 +22,15 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from eaglepangu_jax import cache as kv_cache
-from eaglepangu_jax import calibrate, peers, suites
-from eaglepangu_jax.engine.generate import Teacher
-from eaglepangu_jax.models import chat, decode, llama, smollm2, tokenizer
+from eaglepangu_jax.calibration.measure import measure_grid
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.decode import Teacher, generate, prefill
+from eaglepangu_jax.evaluation import suites
+from eaglepangu_jax.methods import peers
+from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,13 +81,13 @@ def _greedy_rows(args, config, params) -> list[dict]:
     rows = []
     for name, ids in prompts:
         # Warm-up run of both: compilation (JAX) and allocator warm-up (torch) are not timed.
-        decode.greedy_generate(params, config, ids, args.new_tokens)
+        _jax_generate(params, config, ids, args.new_tokens)
         _hf_generate(model, ids, args.new_tokens, config.eos_id)
         jax_times, hf_times, jax_pre, hf_pre = [], [], [], []
         for _ in range(args.repeats):
             jax_pre.append(_timed(lambda: _jax_prefill(params, config, ids, args.new_tokens)))
             t0 = time.perf_counter()
-            ours = decode.greedy_generate(params, config, ids, args.new_tokens)
+            ours = _jax_generate(params, config, ids, args.new_tokens)
             jax_times.append(time.perf_counter() - t0)
             hf_pre.append(_timed(lambda: _hf_generate(model, ids, 1, config.eos_id)))
             t0 = time.perf_counter()
@@ -114,11 +116,11 @@ def _greedy_rows(args, config, params) -> list[dict]:
 def verify_curve(params, config, contexts, nodes, repeats) -> list[dict]:
     """Milliseconds of one verify forward over ``N`` nodes after ``c`` committed tokens.
 
-    Timed by :func:`eaglepangu_jax.calibrate.measure_grid`: the engine's own verify forward,
+    Timed by :func:`eaglepangu_jax.calibration.measure.measure_grid`: the engine's own verify forward,
     every point compiled first, then timed round-robin (so that load from other processes
     biases no single ``N``) and the median of ``repeats`` runs kept.
     """
-    samples = calibrate.measure_grid(Teacher(config, params), nodes, contexts, repeats)
+    samples = measure_grid(Teacher(config, params), nodes, contexts, repeats)
     rows = []
     for c in contexts:
         base = next(x.seconds for x in samples if x.context == c and x.slots == nodes[0])
@@ -132,8 +134,14 @@ def verify_curve(params, config, contexts, nodes, repeats) -> list[dict]:
 def _jax_prefill(params, config, ids, new_tokens):
     slots = 1 << (len(ids) + new_tokens - 1).bit_length()
     cache = kv_cache.init(config.num_layers, slots, config.num_kv_heads, config.head_dim)
-    logits, _, cache = decode.prefill(params, config, ids, cache)
-    jnp.argmax(logits).block_until_ready()
+    cache, _ = prefill(params, config, np.asarray(ids, np.int32), cache)
+    jax.block_until_ready(cache)
+
+
+def _jax_generate(params, config, ids, new_tokens):
+    """Plain greedy decoding through the engine (no drafter), stopping at eos."""
+    spec = SpecConfig(max_new_tokens=new_tokens)
+    return np.asarray(generate(Teacher(config, params), None, list(ids), spec).tokens)
 
 
 def _prompts(n_mtbench: int, n_humaneval: int) -> list[tuple[str, list[int]]]:

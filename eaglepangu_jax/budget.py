@@ -14,14 +14,12 @@ round by an exponential moving average of observed / predicted time.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
-
-from eaglepangu_jax.models.config import LlamaConfig
 
 Scalar = Float[ArrayLike, "..."]
 
@@ -58,9 +56,15 @@ class Roofline:
                 raise ValueError(f"Roofline.{f.name} must be > 0, got {getattr(self, f.name)}")
 
     @classmethod
-    def for_llama(cls, config: LlamaConfig, *, peak_flops: float, bandwidth: float,
+    def for_llama(cls, config: Any, *, peak_flops: float, bandwidth: float,
                   bytes_per_param: float = 4) -> "Roofline":
-        """The roofline of a Llama-style config on hardware with the given peaks."""
+        """The roofline of a Llama-style config on hardware with the given peaks.
+
+        ``config`` is any object with ``num_layers``, ``hidden_size``, ``q_width``,
+        ``kv_width``, ``intermediate_size`` and ``vocab_size`` (a
+        :class:`~eaglepangu_jax.models.config.LlamaConfig`); the core does not import the
+        models layer.
+        """
         return cls(num_layers=config.num_layers, hidden=config.hidden_size,
                    q_width=config.q_width, kv_width=config.kv_width,
                    ffn=config.intermediate_size, vocab=config.vocab_size,

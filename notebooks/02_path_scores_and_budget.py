@@ -38,9 +38,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from eaglepangu_jax import budget as budget_lib
-from eaglepangu_jax import calibrate
+from eaglepangu_jax.calibration import measure as cal_measure
 from eaglepangu_jax import scoring
-from eaglepangu_jax.engine.generate import Teacher
+from eaglepangu_jax.engine.decode import Teacher
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.smollm2 import load_smollm2
 
@@ -150,7 +150,7 @@ plt.show()
 #
 # Now the cost side. We load SmolLM2-135M-Instruct (float32) and time one verification forward
 # over `s = 1, 2, 4, 8, 16, 32` tree slots with 128 committed tokens in the KV cache.
-# `calibrate.measure_grid` times the function the engine itself runs each round
+# `cal_measure.measure_grid` times the function the engine itself runs each round
 # (`step.verify_and_accept`: the tree-masked forward plus acceptance), jitted; every `s` is a
 # new static shape, so each compiles once (a few seconds, not timed), then runs seven times,
 # the sizes interleaved so that a busy moment hits all of them alike. We keep the median.
@@ -163,7 +163,7 @@ plt.show()
 config, params = load_smollm2()
 teacher = Teacher(config, llama.prepare_params(params))  # per-layer layout: faster forwards
 CONTEXT, SLOTS = 128, (1, 2, 4, 8, 16, 32)
-grid = calibrate.measure_grid(teacher, SLOTS, (CONTEXT,), repeats=7)
+grid = cal_measure.measure_grid(teacher, SLOTS, (CONTEXT,), repeats=7)
 WINDOW = grid[0].window
 assert all(x.window == WINDOW for x in grid), "one window for every size here"
 for x in grid:

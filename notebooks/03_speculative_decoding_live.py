@@ -39,7 +39,7 @@ from IPython.display import HTML, display
 
 from eaglepangu_jax.drafters import NGramDrafter
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.generate import Teacher, generate
+from eaglepangu_jax.engine.decode import Teacher, generate
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.chat import encode_chat
 from eaglepangu_jax.models.smollm2 import load_smollm2

@@ -51,12 +51,12 @@ from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax import verify
 from eaglepangu_jax.drafters import NGramDrafter
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.generate import Teacher, generate
+from eaglepangu_jax.engine.decode import Teacher, generate
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.chat import encode_chat
 from eaglepangu_jax.models.smollm2 import load_smollm2
 from eaglepangu_jax.models.tokenizer import load_tokenizer
-from eaglepangu_jax.suites import load_suite
+from eaglepangu_jax.evaluation.suites import load_suite
 
 PLOT_DIR = os.environ.get("EAGLEPANGU_NOTEBOOK_PLOTS")  # figures are saved only when set
 

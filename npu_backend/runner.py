@@ -23,7 +23,7 @@ The prompt is prefilled in torch in the engine's fixed chunks. The JAX-side stat
 engine's :class:`~eaglepangu_jax.engine.state.DecodeState` with ``cache=None``: the KV cache
 lives in torch (:class:`~npu_backend.kv_cache.TorchKVCache`, committed length
 ``num_tokens - 1``). Stopping (eos, ``max_new_tokens``, capacity), the PRNG stream and the
-statistics are those of :func:`eaglepangu_jax.engine.generate.generate`, so both return the
+statistics are those of :func:`eaglepangu_jax.engine.decode.generate`, so both return the
 same tokens for the same teacher weights (up to float near-ties).
 
 Every table lookup on the torch side goes through one integer ``index_select``; in reference
@@ -45,7 +45,7 @@ import torch
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax import mode as engine_mode
 from eaglepangu_jax import tree as tree_lib
-from eaglepangu_jax.engine import generate as engine
+from eaglepangu_jax.engine import decode as engine
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal
 from eaglepangu_jax.engine.state import DecodeState
@@ -215,12 +215,8 @@ class TorchTeacherRunner:
             state, _ = self.step(state, kv)
         jax.block_until_ready(state)
         t2 = time.perf_counter()
-        tokens = np.asarray(state.tokens)
-        new = engine._finish(tokens, len(prompt_ids), int(state.num_tokens), self.spec,
-                             self.eos_id)
-        stats = engine._stats(new, state.rounds, np.asarray(state.accepted_log),
-                              np.asarray(state.nodes_log), t2 - t1, t1 - t0)
-        return engine.GenerationResult(tokens=new, stats=stats)
+        return engine.result_from_state(state, len(prompt_ids), self.spec, self.eos_id,
+                                        seconds=t2 - t1, prefill_seconds=t1 - t0)
 
     def start(self, prompt_ids: Sequence[int], *, stream: int = 0
               ) -> tuple[DecodeState, TorchKVCache]:
@@ -368,7 +364,7 @@ def generate_torch(torch_model: TorchLlama, drafter: Any, prompt_ids: Sequence[i
             :class:`TorchTeacherRunner`).
 
     Returns:
-        The same :class:`~eaglepangu_jax.engine.generate.GenerationResult` as the JAX
+        The same :class:`~eaglepangu_jax.engine.decode.GenerationResult` as the JAX
         ``generate``; ``seconds`` is the decode wall time, prefill excluded.
     """
     runner = TorchTeacherRunner(torch_model, drafter, spec, draft_params=draft_params,

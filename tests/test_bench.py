@@ -8,16 +8,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eaglepangu_jax import bench
+from eaglepangu_jax.drafters import registry as drafter_registry
+from eaglepangu_jax.evaluation import report as bench_report
+from eaglepangu_jax.evaluation import run as bench_run
+from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.drafters.ngram import NGramDrafter
-from eaglepangu_jax.engine import generate as gen
+from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
-from eaglepangu_jax.suites import Conversation
+from eaglepangu_jax.evaluation.suites import Conversation
 
 CFG = LlamaConfig.tiny(vocab_size=61, max_position=512)
 SPEC = SpecConfig(budget=4, depth=3, max_new_tokens=12, eos_id=-7)
@@ -56,12 +59,12 @@ CONVERSATIONS = [
 
 
 def _methods(greedy_spec=SPEC, ngram_spec=SPEC):
-    return [bench.make_method("greedy", greedy_spec), bench.make_method("ngram", ngram_spec)]
+    return [methods_lib.make_method("greedy", greedy_spec), methods_lib.make_method("ngram", ngram_spec)]
 
 
 def test_run_bench_records_and_follows_greedy_answers(teacher):
     renderer = ToyRenderer()
-    report = bench.run_bench(teacher, CONVERSATIONS, _methods(), renderer, progress=False)
+    report = bench_run.run_bench(teacher, CONVERSATIONS, _methods(), renderer, progress=False)
     json.dumps(report, allow_nan=False)  # JSON-ready, no NaN / inf
     turns = report["turns"]
     assert [(t["conversation_id"], t["turn_index"]) for t in turns] == [("a", 0), ("a", 1),
@@ -87,9 +90,9 @@ def test_run_bench_records_and_follows_greedy_answers(teacher):
                {"role": "user", "content": "again abc"}]
     assert turns[1]["prompt_tokens"] == len(renderer.encode(history))
     assert report["summary"]["ngram"]["identical_fraction"] == 1.0
-    table = bench.format_summary(report)
+    table = bench_report.format_summary(report)
     assert "ngram" in table and "greedy" in table
-    assert "a#2" in bench.format_turns(report)
+    assert "a#2" in bench_report.format_turns(report)
 
 
 def _naive_gap(teacher, sequence):
@@ -109,13 +112,13 @@ def test_divergence_index_and_near_tie_gap(teacher):
     # Sampling at temperature 1 departs from greedy: a divergence to report.
     sampled = dataclasses.replace(SPEC, acceptance="sample", temperature=1.0, seed=5)
     conversations = [Conversation(id="d", category="x", turns=("hello world",))]
-    report = bench.run_bench(teacher, conversations, _methods(ngram_spec=sampled), ToyRenderer(),
+    report = bench_run.run_bench(teacher, conversations, _methods(ngram_spec=sampled), ToyRenderer(),
                              progress=False)
     record = report["turns"][0]["methods"]["ngram"]
     prompt = ToyRenderer().encode([{"role": "user", "content": "hello world"}])
     greedy = gen.generate(teacher, None, prompt, SPEC).tokens
     other = gen.generate(teacher, NGramDrafter(depth=3, budget=4), prompt, sampled).tokens
-    index = bench.first_divergence(greedy, other)
+    index = bench_run.first_divergence(greedy, other)
     assert index is not None, "temperature 1 should leave greedy's path here"
     assert record["identical_to_greedy"] is False
     assert record["divergence_index"] == index
@@ -125,10 +128,10 @@ def test_divergence_index_and_near_tie_gap(teacher):
 
 
 def test_first_divergence():
-    assert bench.first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert bench.first_divergence([1, 2, 3], [1, 5, 3]) == 1
-    assert bench.first_divergence([1, 2, 3], [1, 2]) == 2
-    assert bench.first_divergence([], []) is None
+    assert bench_run.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert bench_run.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert bench_run.first_divergence([1, 2, 3], [1, 2]) == 2
+    assert bench_run.first_divergence([], []) is None
 
 
 def _row(tps, speedup, tokens, rounds, identical):
@@ -146,7 +149,7 @@ def test_summary_math_by_hand():
         {"methods": {"greedy": _row(40.0, 1.0, 40, 40, True),
                      "ngram": _row(100.0, 2.5, 40, 10, True)}},
     ]
-    s = bench.summarize_turns(turns, ["greedy", "ngram"])
+    s = bench_report.summarize_turns(turns, ["greedy", "ngram"])
     n = s["ngram"]
     assert n["turns"] == 3
     assert n["mean_tokens_per_s"] == pytest.approx(45.0)
@@ -165,7 +168,7 @@ def test_summary_math_by_hand():
 
 def test_summary_skips_missing_speedups():
     rows = [{"methods": {"m": _row(None, None, 4, 2, True)}}]
-    s = bench.summarize_turns(rows, ["m"])["m"]
+    s = bench_report.summarize_turns(rows, ["m"])["m"]
     assert s["mean_speedup"] is None and s["mean_tokens_per_s"] is None
     assert s["mean_accepted_length"] == 2.0
 
@@ -177,7 +180,7 @@ def test_summary_skips_missing_speedups():
     (["eagle3", "greedy"], ("greedy", "eagle3")),
 ])
 def test_parse_methods(text, expected):
-    assert bench.parse_methods(text) == expected
+    assert methods_lib.parse_methods(text) == expected
 
 
 @pytest.mark.parametrize("text,match", [
@@ -187,7 +190,7 @@ def test_parse_methods(text, expected):
 ])
 def test_parse_methods_rejects(text, match):
     with pytest.raises(ValueError, match=match):
-        bench.parse_methods(text)
+        methods_lib.parse_methods(text)
 
 
 def test_make_method_depth_against_drafter_maximum():
@@ -195,7 +198,7 @@ def test_make_method_depth_against_drafter_maximum():
         return NGramDrafter(depth=4, budget=16, max_ngram=2), None
 
     spec = SpecConfig(budget=6, depth=3)
-    method = bench.make_method("eagle3", spec, eagle3_loader=loader)
+    method = methods_lib.make_method("eagle3", spec, eagle3_loader=loader)
     assert method.drafter.depth == 3 and method.drafter.budget == 6  # configured by the spec
 
     @dataclasses.dataclass(frozen=True)
@@ -209,12 +212,12 @@ def test_make_method_depth_against_drafter_maximum():
 
     deep = SpecConfig(budget=6, depth=8)
     with pytest.raises(ValueError, match="depth 8 is above the eagle3 drafter's maximum 4"):
-        bench.make_method("eagle3", deep, eagle3_loader=lambda: (Capped(), None))
-    default = bench.make_method("eagle3", deep, default_depth=True,
+        methods_lib.make_method("eagle3", deep, eagle3_loader=lambda: (Capped(), None))
+    default = methods_lib.make_method("eagle3", deep, default_depth=True,
                                 eagle3_loader=lambda: (Capped(), None))
     assert default.spec.depth == 4
     # A shipped drafter keeps its own depth when the user chose none.
-    own = bench.make_method("eagle3", deep, default_depth=True, eagle3_loader=loader)
+    own = methods_lib.make_method("eagle3", deep, default_depth=True, eagle3_loader=loader)
     assert own.spec.depth == 4 and own.drafter.depth == 4 and own.drafter.budget == 6
 
 
@@ -225,28 +228,28 @@ def test_eagle3_absence_is_a_clear_error(monkeypatch):
 
     monkeypatch.delattr(drafters, "eagle3", raising=False)
     monkeypatch.setitem(sys.modules, "eaglepangu_jax.drafters.eagle3", None)  # import fails
-    with pytest.raises(bench.DrafterUnavailableError, match="eagle3"):
-        bench.load_eagle3()
+    with pytest.raises(drafter_registry.DrafterUnavailableError, match="eagle3"):
+        methods_lib.load_eagle3()
 
 
 def test_first_prompt_too_long_fails_before_work(teacher):
     long = Conversation(id="L", category="x", turns=("y" * 600,))
     with pytest.raises(ValueError, match="conversation 'L'.*exceeds the teacher's context"):
-        bench.run_bench(teacher, [long], _methods(), ToyRenderer(), progress=False)
+        bench_run.run_bench(teacher, [long], _methods(), ToyRenderer(), progress=False)
 
 
 def test_reference_must_come_first(teacher):
     with pytest.raises(ValueError, match="first method must be 'greedy'"):
-        bench.run_bench(teacher, CONVERSATIONS, _methods()[::-1], ToyRenderer(), progress=False)
+        bench_run.run_bench(teacher, CONVERSATIONS, _methods()[::-1], ToyRenderer(), progress=False)
 
 
 def test_write_report_is_atomic_json(tmp_path):
     path = tmp_path / "r.json"
-    bench.write_report(path, {"a": [1, 2]})
+    bench_report.write_report(path, {"a": [1, 2]})
     assert json.loads(path.read_text()) == {"a": [1, 2]}
     assert list(tmp_path.iterdir()) == [path]
     with pytest.raises(ValueError):
-        bench.write_report(path, {"a": float("nan")})
+        bench_report.write_report(path, {"a": float("nan")})
     assert json.loads(path.read_text()) == {"a": [1, 2]}  # the old file survives
     assert list(tmp_path.iterdir()) == [path]
 
@@ -283,9 +286,9 @@ def test_peer_runner_is_counted_like_our_methods(teacher):
     changed = list(greedy)
     changed[3] = (changed[3] + 1) % CFG.vocab_size
     same, other = FakePeer(list(greedy), rounds=5), FakePeer(changed[:9], rounds=3)
-    methods = _methods() + [bench.Method(name="peer-same", spec=SPEC, runner=same),
-                            bench.Method(name="peer-other", spec=SPEC, runner=other)]
-    report = bench.run_bench(teacher, conversations, methods, ToyRenderer(), progress=False)
+    methods = _methods() + [methods_lib.Method(name="peer-same", spec=SPEC, runner=same),
+                            methods_lib.Method(name="peer-other", spec=SPEC, runner=other)]
+    report = bench_run.run_bench(teacher, conversations, methods, ToyRenderer(), progress=False)
     rows = report["turns"][0]["methods"]
     # Tokens are counted from the ids, accepted length = tokens / rounds for every kind.
     for name, tokens, rounds in (("greedy", 12, 12), ("peer-same", 12, 5),
@@ -304,29 +307,29 @@ def test_peer_runner_is_counted_like_our_methods(teacher):
     assert same.calls == [(prompt, 12, -7)] * 2
     assert report["methods"]["peer-same"]["runner"] == {"rounds": 5}
     assert report["summary"]["peer-other"]["overall_accepted_length"] == 3.0
-    assert "peer-other" in bench.format_summary(report)
-    assert "peer-same" in bench.format_turns(report)
+    assert "peer-other" in bench_report.format_summary(report)
+    assert "peer-same" in bench_report.format_turns(report)
 
 
 def test_peer_gets_the_teachers_eos_by_default(teacher):
     peer = FakePeer([5, 6], rounds=1)
     spec = dataclasses.replace(SPEC, eos_id=None)
-    bench.generate_with(teacher, bench.Method(name="p", spec=spec, runner=peer), [3, 4])
+    bench_run.generate_with(teacher, methods_lib.Method(name="p", spec=spec, runner=peer), [3, 4])
     assert peer.calls == [([3, 4], 12, CFG.eos_id)]
 
 
 def test_make_peer_methods():
-    assert bench.parse_methods("transformers-pld,transformers-greedy") == (
+    assert methods_lib.parse_methods("transformers-pld,transformers-greedy") == (
         "greedy", "transformers-pld", "transformers-greedy")
-    plain = bench.make_method("transformers-greedy", SPEC)
-    pld = bench.make_method("transformers-pld", SPEC, torch_threads=1)
+    plain = methods_lib.make_method("transformers-greedy", SPEC)
+    pld = methods_lib.make_method("transformers-pld", SPEC, torch_threads=1)
     assert plain.drafter is None and plain.runner.prompt_lookup is None
     assert pld.runner.prompt_lookup == 10 and pld.runner.torch_threads == 1
     assert plain.runner.torch_threads is None  # torch's own default
     assert pld.spec == SPEC
     sampled = dataclasses.replace(SPEC, acceptance="sample", temperature=1.0)
     with pytest.raises(ValueError, match="decodes greedily"):
-        bench.make_method("transformers-pld", sampled)
+        methods_lib.make_method("transformers-pld", sampled)
 
 
 @pytest.mark.parametrize("package", ["torch", "transformers", "accelerate"])
@@ -334,10 +337,10 @@ def test_missing_reference_package_names_the_extra(monkeypatch, package):
     import sys
 
     monkeypatch.setitem(sys.modules, package, None)  # as if not installed
-    with pytest.raises(bench.DrafterUnavailableError,
+    with pytest.raises(drafter_registry.DrafterUnavailableError,
                        match=rf"not installed: {package}\. Install them with: "
                              r"pip install 'eaglepangu\[reference\]'"):
-        bench.make_method("transformers-greedy", SPEC)
+        methods_lib.make_method("transformers-greedy", SPEC)
 
 
 # ----------------------------------------------------------------------------- block
@@ -371,17 +374,17 @@ def test_block_method_runs_best_first(monkeypatch, policy, expected):
         budgets.append(budget)
         return FakeBlock(), {"w": 1}
 
-    monkeypatch.setattr(bench, "load_block", loader)
+    monkeypatch.setattr(methods_lib, "load_block", loader)
     spec = SpecConfig(policy=policy, budget=6, depth=3)
-    method = bench.make_method("block", spec)
+    method = methods_lib.make_method("block", spec)
     assert method.spec.policy == expected and method.spec.budget == 6
     assert method.spec.depth == 3 and method.drafter.depth == 3  # the user's depth
     assert method.draft_params == {"w": 1} and budgets == [6]
     # A default depth: the drafter keeps its trained one.
-    default = bench.make_method("block", dataclasses.replace(spec, depth=8), default_depth=True)
+    default = methods_lib.make_method("block", dataclasses.replace(spec, depth=8), default_depth=True)
     assert default.spec.depth == 5 and default.drafter.depth == 5
     with pytest.raises(ValueError, match=r"block_size = 5\], got 8"):
-        bench.make_method("block", dataclasses.replace(spec, depth=8))
+        methods_lib.make_method("block", dataclasses.replace(spec, depth=8))
 
 
 def test_block_absence_is_a_clear_error(monkeypatch):
@@ -391,9 +394,9 @@ def test_block_absence_is_a_clear_error(monkeypatch):
 
     monkeypatch.delattr(drafters, "block", raising=False)
     monkeypatch.setitem(sys.modules, "eaglepangu_jax.drafters.block", None)  # import fails
-    with pytest.raises(bench.DrafterUnavailableError,
+    with pytest.raises(drafter_registry.DrafterUnavailableError,
                        match="the block drafter is not part of this installation"):
-        bench.make_method("block", SPEC)
+        methods_lib.make_method("block", SPEC)
 
 
 def test_shipped_loader_errors_are_shared(monkeypatch):
@@ -402,16 +405,16 @@ def test_shipped_loader_errors_are_shared(monkeypatch):
 
     module = types.ModuleType("eaglepangu_jax.drafters.fake")
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    with pytest.raises(bench.DrafterUnavailableError, match=r"has no load_shipped_fake\(\)"):
-        bench.load_shipped("fake")
+    with pytest.raises(drafter_registry.DrafterUnavailableError, match=r"has no load_shipped_fake\(\)"):
+        drafter_registry.load_shipped("fake")
 
     def unreadable(**kwargs):
         raise OSError(f"no weights file ({kwargs})")
 
     module.load_shipped_fake = unreadable
-    with pytest.raises(bench.DrafterUnavailableError,
+    with pytest.raises(drafter_registry.DrafterUnavailableError,
                        match=r"fake shipped weights could not be loaded: no weights file "
                              r"\({'budget': 3}\)"):
-        bench.load_shipped("fake", budget=3)
+        drafter_registry.load_shipped("fake", budget=3)
     module.load_shipped_fake = lambda **kwargs: ("drafter", kwargs)
-    assert bench.load_shipped("fake", depth=2) == ("drafter", {"depth": 2})
+    assert drafter_registry.load_shipped("fake", depth=2) == ("drafter", {"depth": 2})

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from eaglepangu_jax import bench
+from eaglepangu_jax.calibration import curve as cal_curve
 from eaglepangu_jax.drafters import DRAFTERS, block, eagle3, make_drafter
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import DraftContext
-from eaglepangu_jax.engine.generate import Teacher, generate
+from eaglepangu_jax.engine.decode import Teacher, generate
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 from eaglepangu_jax.training import data as data_lib
+from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
 from eaglepangu_jax.training import train as train_lib
 from eaglepangu_jax.training import train_block
 
@@ -185,7 +186,7 @@ def test_generation_with_block_drafter_equals_greedy(teacher, tiny, policy):
     drafter = block.BlockDrafter(config=cfg, depth=3)
     spec = SpecConfig(policy=policy, budget=6, depth=3, max_new_tokens=20)
     for prompt in ([5, 9, 13, 17, 21, 25, 29], [7]):
-        latency = bench.auto_verify_latency(teacher.config, spec, len(prompt))
+        latency = cal_curve.auto_verify_latency(teacher.config, spec, len(prompt))
         plain = generate(teacher, None, prompt, spec)
         out = generate(teacher, drafter, prompt, spec, draft_params=dparams,
                        verify_latency=latency)
@@ -247,7 +248,7 @@ def test_training_learns_is_deterministic_and_resumes_to_the_same_curve(tmp_path
     _, first = train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP,
                                checkpoint=ckpt, progress=False, until=10)
     assert first == a[:10]
-    assert train_lib.load_checkpoint(ckpt, fingerprint=FP)[3]["step"] == 10
+    assert checkpoint_lib.load_checkpoint(ckpt, fingerprint=FP)[3]["step"] == 10
     _, resumed = train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP,
                                  checkpoint=ckpt, progress=False)
     np.testing.assert_allclose(resumed, a, rtol=1e-5)
@@ -276,22 +277,22 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
     cfg, vocab, _, _ = _fake_setup()
     head = block.init_head(cfg, jax.random.key(3))
     path = tmp_path / "ck"
-    train_lib.save_checkpoint(path, head, cfg, vocab.d2t, fingerprint=FP, extra={"step": 0})
-    cfg2, head2, d2t, meta, _ = train_lib.load_checkpoint(path, fingerprint=FP, kind="block")
+    checkpoint_lib.save_checkpoint(path, head, cfg, vocab.d2t, fingerprint=FP, extra={"step": 0})
+    cfg2, head2, d2t, meta, _ = checkpoint_lib.load_checkpoint(path, fingerprint=FP, kind="block")
     assert cfg2 == cfg and meta["format"] == "eaglepangu-block"
     assert np.array_equal(d2t, vocab.d2t)
     for k in head:
         np.testing.assert_array_equal(np.asarray(head[k]), np.asarray(head2[k]))
     with pytest.raises(ValueError, match="teacher"):
-        train_lib.load_checkpoint(path, fingerprint="0" * 64)
+        checkpoint_lib.load_checkpoint(path, fingerprint="0" * 64)
     wrong = dataclasses.replace(cfg, num_layers=2)
     with pytest.raises(ValueError, match=r"'attn_norm' has shape \(1, 32\), the head needs "
                                          r"\(2, 32\)"):
-        train_lib.load_checkpoint(path, fingerprint=FP, config=wrong)
+        checkpoint_lib.load_checkpoint(path, fingerprint=FP, config=wrong)
     with pytest.raises(ValueError, match="kind 'block', not the 'eagle3'"):
-        train_lib.load_checkpoint(path, fingerprint=FP, kind="eagle3")
+        checkpoint_lib.load_checkpoint(path, fingerprint=FP, kind="eagle3")
     with pytest.raises(ValueError, match="kind 'block', not the 'eagle3'"):
-        train_lib.load_checkpoint(path, fingerprint=FP,
+        checkpoint_lib.load_checkpoint(path, fingerprint=FP,
                                   config=eagle3.Eagle3Config.for_teacher(CFG, 20))
 
 

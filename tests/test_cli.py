@@ -7,8 +7,12 @@ import json
 import jax
 import pytest
 
-from eaglepangu_jax import bench, cli
-from eaglepangu_jax.engine import generate as gen
+from eaglepangu_jax import runtime
+from eaglepangu_jax.cli import bench as cli_bench
+from eaglepangu_jax.cli import app as cli_main
+from eaglepangu_jax.drafters import registry as drafter_registry
+from eaglepangu_jax.engine import decode as gen
+from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.engine import trace
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
@@ -22,7 +26,7 @@ CFG = LlamaConfig.tiny(vocab_size=61, max_position=512)
 def no_compile_cache(monkeypatch):
     """In-process runs must not switch on the persistent compilation cache for the session."""
     seen = []
-    monkeypatch.setattr(cli, "enable_compile_cache", seen.append)
+    monkeypatch.setattr(runtime, "enable_compile_cache", seen.append)
     return seen
 
 
@@ -33,8 +37,8 @@ def no_model(monkeypatch):
     def refuse():
         raise AssertionError("the model was loaded before the flags were checked")
 
-    monkeypatch.setattr(cli, "load_teacher", refuse)
-    monkeypatch.setattr(cli, "load_renderer", refuse)
+    monkeypatch.setattr(runtime, "load_teacher", refuse)
+    monkeypatch.setattr(runtime, "load_renderer", refuse)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +50,7 @@ def teacher():
 
 def _fails(argv, capsys, match):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(argv)
+        cli_main.main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert match in err, err
@@ -54,7 +58,7 @@ def _fails(argv, capsys, match):
 
 def test_help_reads_like_a_guide(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--help"])
+        cli_main.main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     for text in ("examples:", "eaglepangu generate", "eaglepangu bench", "eaglepangu demo",
@@ -99,10 +103,10 @@ def test_bad_prompt_files_fail_before_loading(tmp_path, capsys, no_model):
 
 def test_eagle3_unavailable_or_too_deep_fails_before_loading(monkeypatch, capsys, no_model):
     def missing():
-        raise bench.DrafterUnavailableError("the eagle3 drafter is not part of this "
+        raise drafter_registry.DrafterUnavailableError("the eagle3 drafter is not part of this "
                                             "installation")
 
-    monkeypatch.setattr(bench, "load_eagle3", missing)
+    monkeypatch.setattr(methods_lib, "load_eagle3", missing)
     _fails(["generate", "hi", "--drafter", "eagle3"], capsys, "eagle3 drafter is not part")
     _fails(["bench", "--suite", "humaneval", "--methods", "eagle3", "--json", "o.json"], capsys,
            "eagle3 drafter is not part")
@@ -116,14 +120,14 @@ def test_eagle3_unavailable_or_too_deep_fails_before_loading(monkeypatch, capsys
         def max_depth(self):
             return 5
 
-    monkeypatch.setattr(bench, "load_eagle3", lambda: (FiveDeep(), None))
+    monkeypatch.setattr(methods_lib, "load_eagle3", lambda: (FiveDeep(), None))
     _fails(["generate", "hi", "--drafter", "eagle3", "--depth", "9"], capsys,
            "depth 9 is above the eagle3 drafter's maximum 5")
 
 
 def test_generate_on_a_tiny_teacher(teacher, tmp_path, capsys):
     out, trace_path = tmp_path / "g.json", tmp_path / "t.jsonl"
-    status = cli.main(["generate", "abcabcabc", "--drafter", "ngram", "--max-new-tokens", "10",
+    status = cli_main.main(["generate", "abcabcabc", "--drafter", "ngram", "--max-new-tokens", "10",
                        "--budget", "4", "--depth", "3", "--json", str(out),
                        "--trace", str(trace_path)], teacher=teacher, renderer=ToyRenderer())
     assert status == 0
@@ -141,7 +145,7 @@ def test_generate_on_a_tiny_teacher(teacher, tmp_path, capsys):
     assert len(trace.read_trace(trace_path)) == record["rounds"]
 
     summary_path = tmp_path / "summary.json"
-    assert cli.main(["trace", "summarize", str(trace_path), "--json", str(summary_path)]) == 0
+    assert cli_main.main(["trace", "summarize", str(trace_path), "--json", str(summary_path)]) == 0
     summary = capsys.readouterr().out
     assert "verify" in summary and "accepted" in summary
     totals = json.loads(summary_path.read_text())
@@ -151,10 +155,10 @@ def test_generate_on_a_tiny_teacher(teacher, tmp_path, capsys):
 
 def test_generate_raw_and_default_drafter(teacher, capsys, monkeypatch):
     def missing():
-        raise bench.DrafterUnavailableError("not here")
+        raise drafter_registry.DrafterUnavailableError("not here")
 
-    monkeypatch.setattr(bench, "load_eagle3", missing)
-    status = cli.main(["generate", "abc", "--raw", "--max-new-tokens", "4", "--budget", "4",
+    monkeypatch.setattr(methods_lib, "load_eagle3", missing)
+    status = cli_main.main(["generate", "abc", "--raw", "--max-new-tokens", "4", "--budget", "4",
                        "--depth", "3"], teacher=teacher, renderer=ToyRenderer())
     assert status == 0
     captured = capsys.readouterr()
@@ -168,7 +172,7 @@ def test_bench_command_on_a_tiny_teacher(teacher, tmp_path, capsys):
                        '{"question_id": 2, "turns": ["xyz xyz"]}\n'
                        '{"id": "three", "turns": ["never run"]}\n')
     out = tmp_path / "bench.json"
-    status = cli.main(["bench", "--prompts", str(prompts), "--limit", "2", "--methods",
+    status = cli_main.main(["bench", "--prompts", str(prompts), "--limit", "2", "--methods",
                        "ngram", "--max-new-tokens", "8", "--budget", "4", "--depth", "3",
                        "--json", str(out), "--no-progress", "--plot-dir", str(tmp_path / "fig")],
                       teacher=teacher, renderer=ToyRenderer())
@@ -186,7 +190,7 @@ def test_bench_command_on_a_tiny_teacher(teacher, tmp_path, capsys):
 
 
 def test_demo_turns_are_short_and_shipped():
-    conversations = cli.demo_conversations()
+    conversations = cli_bench.demo_conversations()
     assert len(conversations) == 3
     assert all(len(c.turns) == 1 for c in conversations)
     assert [c.category for c in conversations][-1] == "humaneval"
@@ -194,7 +198,7 @@ def test_demo_turns_are_short_and_shipped():
 
 @pytest.mark.slow
 def test_generate_on_the_real_model(capsys):
-    status = cli.main(["generate", "What is the capital of France?", "--drafter", "ngram",
+    status = cli_main.main(["generate", "What is the capital of France?", "--drafter", "ngram",
                        "--max-new-tokens", "16"])
     assert status == 0
     out = capsys.readouterr().out
@@ -212,5 +216,5 @@ def test_train_draft_is_wired_and_validates_before_work():
     # The sub-command hands every option to the training entry point; a bad kind exits 2
     # (argparse) before any model or data is touched.
     with pytest.raises(SystemExit) as exc:
-        cli.main(["train-draft", "--kind", "medusa", "--out", "unused"])
+        cli_main.main(["train-draft", "--kind", "medusa", "--out", "unused"])
     assert exc.value.code == 2

@@ -15,7 +15,7 @@ from eaglepangu_jax.drafters import DRAFTERS, eagle3
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import DraftContext
-from eaglepangu_jax.engine.generate import Teacher, generate
+from eaglepangu_jax.engine.decode import Teacher, generate
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 

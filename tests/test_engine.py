@@ -10,7 +10,7 @@ import pytest
 
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.cache import KVCache
-from eaglepangu_jax.engine import generate as gen
+from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal, StatelessDrafter
 from eaglepangu_jax.models import llama

@@ -9,7 +9,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from eaglepangu_jax import bench, experiments, grids, plots
+from eaglepangu_jax.cli import args as cli_args
+from eaglepangu_jax.cli import experiments as cli_experiments
+from eaglepangu_jax.evaluation import grids
+from eaglepangu_jax.evaluation import plots
+from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.engine.drafter import Proposal, StatelessDrafter
 from test_bench import CFG, ToyRenderer, teacher  # noqa: F401  (teacher is a fixture)
 
@@ -34,7 +38,7 @@ class EchoMarginalDrafter(StatelessDrafter):
 @pytest.fixture
 def block_drafter(monkeypatch):
     """``make_method("block", ...)`` gives the echo drafter (maximum depth 4)."""
-    real = bench.make_method
+    real = methods_lib.make_method
 
     def make(name, spec, *, default_depth=False, **kwargs):
         if name != "block":
@@ -44,9 +48,9 @@ def block_drafter(monkeypatch):
                 raise ValueError(f"depth {spec.depth} is above the block drafter's maximum "
                                  f"{BLOCK_MAX_DEPTH}")
             spec = dataclasses.replace(spec, depth=BLOCK_MAX_DEPTH)
-        return bench.Method(name="block", spec=spec, drafter=EchoMarginalDrafter(spec.depth))
+        return methods_lib.Method(name="block", spec=spec, drafter=EchoMarginalDrafter(spec.depth))
 
-    monkeypatch.setattr(bench, "make_method", make)
+    monkeypatch.setattr(methods_lib, "make_method", make)
 
 
 def _prompts(tmp_path, lines):
@@ -79,14 +83,14 @@ def test_window_and_budget_grids(block_drafter):
     assert [(m.spec.policy, m.spec.budget) for m in budgets] == [
         ("best_first", 2), ("best_first", 8), ("auto", 8)]
     # No depth asked for: the bench default, lowered to the drafter's maximum.
-    assert {m.spec.depth for m in budgets} == {min(bench.DEFAULT_DEPTH, BLOCK_MAX_DEPTH)}
+    assert {m.spec.depth for m in budgets} == {min(methods_lib.DEFAULT_DEPTH, BLOCK_MAX_DEPTH)}
     assert grids.default_policy("block") == "best_first"
 
 
 @pytest.mark.parametrize("text,expected", [("16, 4,8", (4, 8, 16)), ("1", (1,)),
                                            ("256", (256,))])
 def test_parse_counts(text, expected):
-    assert grids.parse_counts(text, what="nodes", high=256) == expected
+    assert cli_args.parse_counts(text, what="nodes", high=256) == expected
 
 
 @pytest.mark.parametrize("text,match", [
@@ -95,16 +99,16 @@ def test_parse_counts(text, expected):
 ])
 def test_parse_counts_rejects(text, match):
     with pytest.raises(ValueError, match=match):
-        grids.parse_counts(text, what="nodes", high=256)
+        cli_args.parse_counts(text, what="nodes", high=256)
 
 
 def test_parse_windows():
-    assert grids.parse_windows("512,128,full") == (128, 512, None)
-    assert grids.parse_windows("FULL") == (None,)
+    assert cli_args.parse_windows("512,128,full") == (128, 512, None)
+    assert cli_args.parse_windows("FULL") == (None,)
     for text, match in [("full,full", "given more"), ("0", "at least 1"),
                         ("128,whole", "neither 'full'"), ("", "comma-separated")]:
         with pytest.raises(ValueError, match=match):
-            grids.parse_windows(text)
+            cli_args.parse_windows(text)
 
 
 # ----------------------------------------------------------------------------- summaries
@@ -187,7 +191,7 @@ def test_budget_gap_by_hand():
 def _fails(capsys, argv, *matches):
     """``argv`` exits with status 2 before any work, its message containing ``matches``."""
     with pytest.raises(SystemExit) as exit_info:
-        experiments.main(argv, teacher=object(), renderer=ToyRenderer())
+        cli_experiments.main(argv, teacher=object(), renderer=ToyRenderer())
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert all(m in err for m in matches), err
@@ -254,7 +258,7 @@ CONVERSATIONS = [{"id": "a", "category": "writing", "turns": ["abcabcabc", "agai
 def test_sweep_command_end_to_end(teacher, tmp_path, capsys):  # noqa: F811
     pytest.importorskip("matplotlib")
     out, figures = tmp_path / "sweep.json", tmp_path / "figs"
-    rc = experiments.main(["sweep", "--prompts", _prompts(tmp_path, CONVERSATIONS[:1]),
+    rc = cli_experiments.main(["sweep", "--prompts", _prompts(tmp_path, CONVERSATIONS[:1]),
                            "--nodes", "2,4", "--depth", "2", "--max-new-tokens", "8",
                            "--json", str(out), "--plot-dir", str(figures), "--no-progress"],
                           teacher=teacher, renderer=ToyRenderer())
@@ -285,7 +289,7 @@ def test_sweep_command_end_to_end(teacher, tmp_path, capsys):  # noqa: F811
 def test_window_command_end_to_end(teacher, tmp_path, capsys):  # noqa: F811
     pytest.importorskip("matplotlib")
     out = tmp_path / "w.json"
-    rc = experiments.main(["ablate-window", "--prompts", _prompts(tmp_path, CONVERSATIONS[1:]),
+    rc = cli_experiments.main(["ablate-window", "--prompts", _prompts(tmp_path, CONVERSATIONS[1:]),
                            "--windows", "full,6", "--nodes", "4", "--depth", "2",
                            "--max-new-tokens", "8", "--json", str(out), "--plot-dir",
                            str(tmp_path), "--no-progress"],
@@ -301,7 +305,7 @@ def test_window_command_end_to_end(teacher, tmp_path, capsys):  # noqa: F811
 def test_budgets_command_end_to_end(teacher, tmp_path, capsys, block_drafter):  # noqa: F811
     pytest.importorskip("matplotlib")
     out = tmp_path / "b.json"
-    rc = experiments.main(["budgets", "--prompts", _prompts(tmp_path, CONVERSATIONS),
+    rc = cli_experiments.main(["budgets", "--prompts", _prompts(tmp_path, CONVERSATIONS),
                            "--budgets", "2,4", "--depth", "3", "--max-new-tokens", "8",
                            "--json", str(out), "--plot-dir", str(tmp_path), "--no-progress"],
                           teacher=teacher, renderer=ToyRenderer())
@@ -354,7 +358,7 @@ def test_cells_run_in_groups_each_beside_greedy(teacher, tmp_path, monkeypatch):
     (against the greedy run of its own group), and the summary covers every cell."""
     monkeypatch.setattr(experiments, "CELLS_PER_RUN", 1)
     out = tmp_path / "sweep.json"
-    rc = experiments.main(["sweep", "--prompts", _prompts(tmp_path, CONVERSATIONS[:1]),
+    rc = cli_experiments.main(["sweep", "--prompts", _prompts(tmp_path, CONVERSATIONS[:1]),
                            "--nodes", "2,4", "--depth", "2,3", "--max-new-tokens", "8",
                            "--json", str(out), "--no-progress"],
                           teacher=teacher, renderer=ToyRenderer())

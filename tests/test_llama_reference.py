@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from eaglepangu_jax import cache as kv_cache
-from eaglepangu_jax import peers
-from eaglepangu_jax.models import chat, decode, llama, smollm2, tokenizer
+from eaglepangu_jax.methods import peers
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.decode import Teacher, generate
+from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.reference]
 
@@ -74,7 +76,7 @@ def test_logits_and_features_match_transformers(teacher):
 def test_64_greedy_tokens_identical(teacher):
     config, params, model, tok = teacher
     ids = chat.encode_chat(tok, [{"role": "user", "content": "Write a short poem about the sea."}])
-    ours = decode.greedy_generate(params, config, ids, 64, eos_id=config.eos_id).tolist()
+    ours = generate(Teacher(config, params), None, ids, SpecConfig(max_new_tokens=64)).tokens
     theirs = peers.transformers_generate(model, ids, max_new_tokens=64,
                                          eos_id=config.eos_id).tokens
     assert len(ours) == 64 or ours[-1] == config.eos_id

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from eaglepangu_jax import mask as mask_lib  # noqa: E402
 from eaglepangu_jax import tree as tree_lib  # noqa: E402
 from eaglepangu_jax.drafters.ngram import NGramDrafter  # noqa: E402
-from eaglepangu_jax.engine import generate as gen  # noqa: E402
+from eaglepangu_jax.engine import decode as gen  # noqa: E402
 from eaglepangu_jax.engine.config import SpecConfig  # noqa: E402
 from eaglepangu_jax.models.config import LlamaConfig  # noqa: E402
 from eaglepangu_jax.models.init import random_params  # noqa: E402

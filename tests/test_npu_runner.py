@@ -14,7 +14,7 @@ from eaglepangu_jax import mask as mask_lib  # noqa: E402
 from eaglepangu_jax import tree as tree_lib  # noqa: E402
 from eaglepangu_jax.drafters import eagle3  # noqa: E402
 from eaglepangu_jax.drafters.ngram import NGramDrafter  # noqa: E402
-from eaglepangu_jax.engine import generate as gen  # noqa: E402
+from eaglepangu_jax.engine import decode as gen  # noqa: E402
 from eaglepangu_jax.engine.config import SpecConfig  # noqa: E402
 from eaglepangu_jax.engine.drafter import Proposal  # noqa: E402
 from eaglepangu_jax.engine.step import StepStatic, speculative_step  # noqa: E402

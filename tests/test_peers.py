@@ -6,7 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eaglepangu_jax import bench, peers
+from eaglepangu_jax.evaluation import run as bench_run
+from eaglepangu_jax.methods import peers
+from eaglepangu_jax.methods import registry as methods_lib
+from eaglepangu_jax import runtime
 from eaglepangu_jax.engine.config import SpecConfig
 
 
@@ -152,7 +155,7 @@ def test_peer_reports_the_settings_in_effect():
 @pytest.mark.slow
 @pytest.mark.reference
 def test_peers_match_our_greedy_on_the_real_teacher():
-    from eaglepangu_jax import cli
+    from eaglepangu_jax import runtime
     from eaglepangu_jax.models import smollm2
 
     try:
@@ -160,11 +163,11 @@ def test_peers_match_our_greedy_on_the_real_teacher():
         peers.check_reference_stack()
     except (smollm2.ModelNotInstalledError, peers.ReferenceStackMissingError) as err:
         pytest.skip(str(err))
-    teacher, renderer = cli.load_teacher(), cli.load_renderer()
+    teacher, renderer = runtime.load_teacher(), runtime.load_renderer()
     text = "def running_max(xs):\n    \"\"\"Running maximum of xs, as a list.\"\"\"\n"
     ids = renderer.encode([{"role": "user", "content": text}])
     spec = SpecConfig(budget=8, depth=6, max_new_tokens=16)
-    results = {name: bench.generate_with(teacher, bench.make_method(name, spec), ids)
+    results = {name: bench_run.generate_with(teacher, methods_lib.make_method(name, spec), ids)
                for name in ("greedy", "transformers-greedy", "transformers-pld")}
     ours = results["greedy"].tokens
     assert len(ours) == 16 or ours[-1] == teacher.config.eos_id

@@ -16,7 +16,9 @@ SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, numpy as np
     from eaglepangu_jax import cache as kv_cache
-    from eaglepangu_jax.models import decode, llama, sharding
+    from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.engine.decode import Teacher, generate
+    from eaglepangu_jax.models import llama, sharding
     from eaglepangu_jax.models.config import LlamaConfig
     from eaglepangu_jax.models.init import random_params
 
@@ -41,8 +43,9 @@ SCRIPT = textwrap.dedent("""
         sc = sharding.shard_cache(cache, mesh, config=config)
         multi, mfeats, c4 = fwd(sp, tokens, jnp.arange(6), sc, mask, config=config,
                                 feature_layers=(1,))
-        greedy1 = decode.greedy_generate(params, config, [1, 5, 9], 8).tolist()
-        greedy4 = decode.greedy_generate(sp, config, [1, 5, 9], 8).tolist()
+        spec = SpecConfig(max_new_tokens=8)
+        greedy1 = generate(Teacher(config, params), None, [1, 5, 9], spec).tokens
+        greedy4 = generate(Teacher(config, sp), None, [1, 5, 9], spec).tokens
         report[name] = {
             "logits_diff": float(jnp.abs(single - multi).max()),
             "features_diff": float(jnp.abs(feats - mfeats).max()),

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from eaglepangu_jax import suites
+from eaglepangu_jax.evaluation import suites
 
 
 def write_lines(tmp_path, lines, name="prompts.jsonl"):

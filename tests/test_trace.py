@@ -10,7 +10,7 @@ import pytest
 
 from eaglepangu_jax import budget as budget_lib
 from eaglepangu_jax.drafters.ngram import NGramDrafter
-from eaglepangu_jax.engine import generate as gen
+from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine import trace
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.models.config import LlamaConfig

@@ -10,11 +10,12 @@ import pytest
 
 from eaglepangu_jax.drafters import eagle3
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
-from eaglepangu_jax.engine.generate import Teacher
+from eaglepangu_jax.engine.decode import Teacher
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 from eaglepangu_jax.training import data as data_lib
 from eaglepangu_jax.training import prompts as prompts_lib
+from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
 from eaglepangu_jax.training import train as train_lib
 
 FP = "f" * 64
@@ -106,7 +107,7 @@ def test_training_is_deterministic_and_resumes_to_the_same_curve(tmp_path):
     # Stop after 2 steps by training a 4-step schedule with a checkpoint, then resume it.
     train_lib.train(batches, head_cfg, vocab, embed, half, fingerprint=FP, checkpoint=ckpt,
                     progress=False)
-    meta_steps = train_lib.load_checkpoint(ckpt, fingerprint=FP)[3]["step"]
+    meta_steps = checkpoint_lib.load_checkpoint(ckpt, fingerprint=FP)[3]["step"]
     assert meta_steps == 4
     _, resumed = train_lib.train(batches, head_cfg, vocab, embed, half, fingerprint=FP,
                                  checkpoint=ckpt, progress=False)
@@ -117,14 +118,14 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
     head_cfg, vocab, _, _ = _fake_setup()
     head = eagle3.init_head(head_cfg, jax.random.key(3))
     path = tmp_path / "ck"
-    train_lib.save_checkpoint(path, head, head_cfg, vocab.d2t, fingerprint=FP,
+    checkpoint_lib.save_checkpoint(path, head, head_cfg, vocab.d2t, fingerprint=FP,
                               extra={"step": 0, "losses": []})
-    cfg2, head2, d2t, meta, _ = train_lib.load_checkpoint(path, fingerprint=FP)
+    cfg2, head2, d2t, meta, _ = checkpoint_lib.load_checkpoint(path, fingerprint=FP)
     assert cfg2 == head_cfg and np.array_equal(d2t, vocab.d2t)
     for k in head:
         np.testing.assert_array_equal(np.asarray(head[k]), np.asarray(head2[k]))
     with pytest.raises(ValueError, match="teacher"):
-        train_lib.load_checkpoint(path, fingerprint="0" * 64)
+        checkpoint_lib.load_checkpoint(path, fingerprint="0" * 64)
     wrong = dataclasses.replace(head_cfg, intermediate_size=head_cfg.intermediate_size + 1)
     with pytest.raises(ValueError, match="shape"):
-        train_lib.load_checkpoint(path, fingerprint=FP, config=wrong)
+        checkpoint_lib.load_checkpoint(path, fingerprint=FP, config=wrong)

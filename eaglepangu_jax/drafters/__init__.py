@@ -1,38 +1,39 @@
-"""Drafters by name: each is a frozen dataclass implementing
-:class:`eaglepangu_jax.engine.drafter.Drafter`. Register a new one with one line in
-:data:`DRAFTERS`.
+"""Drafters: what proposes the tree each round.
+
+* :class:`NGramDrafter`: training-free retrieval from the context (prompt lookup).
+* :class:`Eagle3Drafter`: the EAGLE-3 head on the teacher's features (trained, shipped).
+* :class:`BlockDrafter`: a DFlash-style block drafter, per-depth marginals in one pass
+  (trained, shipped).
+
+:mod:`~eaglepangu_jax.drafters.registry` lists them by name;
+:mod:`~eaglepangu_jax.drafters.checkpoint` reads and writes trained heads.
 """
 
-from __future__ import annotations
-
-import dataclasses
-from typing import Any
-
+from eaglepangu_jax.drafters.block import BlockDrafter, load_shipped_block
+from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
+from eaglepangu_jax.drafters.eagle3 import Eagle3Drafter, load_shipped_eagle3
 from eaglepangu_jax.drafters.ngram import NGramDrafter
+from eaglepangu_jax.drafters.registry import (
+    DRAFTERS,
+    NAMES,
+    DrafterUnavailableError,
+    configure_drafter,
+    load_shipped,
+    make_drafter,
+)
 
-DRAFTERS: dict[str, type] = {
-    "ngram": NGramDrafter,
-    "eagle3": __import__("eaglepangu_jax.drafters.eagle3", fromlist=["Eagle3Drafter"]).Eagle3Drafter,
-    "block": __import__("eaglepangu_jax.drafters.block", fromlist=["BlockDrafter"]).BlockDrafter,
-}
-
-
-def make_drafter(name: str, **kwargs: Any) -> Any:
-    """Build the drafter registered as ``name`` with hyper-parameters ``kwargs``.
-
-    Raises:
-      ValueError: unknown name, or a keyword the drafter does not have.
-    """
-    if name not in DRAFTERS:
-        raise ValueError(f"unknown drafter {name!r}; known drafters: {sorted(DRAFTERS)}")
-    cls = DRAFTERS[name]
-    if dataclasses.is_dataclass(cls):
-        known = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"drafter {name!r} has no hyper-parameter(s) {unknown}; "
-                             f"known: {sorted(known)}")
-    return cls(**kwargs)
-
-
-__all__ = ["DRAFTERS", "NGramDrafter", "make_drafter"]
+__all__ = [
+    "DRAFTERS",
+    "NAMES",
+    "BlockDrafter",
+    "DrafterUnavailableError",
+    "Eagle3Drafter",
+    "NGramDrafter",
+    "configure_drafter",
+    "load_checkpoint",
+    "load_shipped",
+    "load_shipped_block",
+    "load_shipped_eagle3",
+    "make_drafter",
+    "save_checkpoint",
+]

@@ -22,7 +22,7 @@ def load_packaged(name: str, kind: str, teacher_params: dict | None
     from importlib import resources
 
     from eaglepangu_jax.models import smollm2
-    from eaglepangu_jax.training.train import load_checkpoint
+    from eaglepangu_jax.drafters.checkpoint import load_checkpoint
 
     path = resources.files("eaglepangu_jax") / "weights" / name
     config, head, d2t, _, _ = load_checkpoint(str(path), kind=kind,

@@ -1,6 +1,6 @@
 """Per-round traces: a host-driven, phase-by-phase copy of the speculative loop, and its log.
 
-The on-device loop (:func:`~eaglepangu_jax.engine.generate.generate`) runs whole segments of
+The on-device loop (:func:`~eaglepangu_jax.engine.decode.generate`) runs whole segments of
 rounds inside one ``lax.while_loop``, so nothing inside a round can be timed. For debugging and
 ablations :func:`generate_traced` runs the same round from the host, one jitted function per
 phase, each blocked with ``block_until_ready`` so its wall time is its own::
@@ -23,20 +23,18 @@ import functools
 import json
 import math
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from eaglepangu_jax import budget as budget_lib
-from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax import tree as tree_lib
-from eaglepangu_jax.engine import generate as gen
+from eaglepangu_jax.files import write_text_atomic
+from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal
 from eaglepangu_jax.engine.state import DecodeState
@@ -111,7 +109,7 @@ def generate_traced(teacher: gen.Teacher, drafter: Any, prompt_ids: Sequence[int
                     roofline: budget_lib.Roofline | None = None,
                     calibration: budget_lib.Calibration | None = None,
                     stream: int = 0) -> gen.GenerationResult:
-    """:func:`~eaglepangu_jax.engine.generate.generate`, phase by phase, with a trace.
+    """:func:`~eaglepangu_jax.engine.decode.generate`, phase by phase, with a trace.
 
     Args:
       teacher, drafter, prompt_ids, spec, draft_params, verify_latency, stream: as for
@@ -122,7 +120,7 @@ def generate_traced(teacher: gen.Teacher, drafter: Any, prompt_ids: Sequence[int
         slots) with ``committed_len`` cached; otherwise it is ``null``.
 
     Returns:
-      The :class:`~eaglepangu_jax.engine.generate.GenerationResult`.
+      The :class:`~eaglepangu_jax.engine.decode.GenerationResult`.
     """
     if (roofline is None) != (calibration is None):
         raise ValueError("give both roofline and calibration to predict verify times, or "
@@ -150,12 +148,10 @@ def generate_traced(teacher: gen.Teacher, drafter: Any, prompt_ids: Sequence[int
             record["round"] = len(records)
             records.append(record)
         t2 = time.perf_counter()
-        new = gen._finish(np.asarray(state.tokens), len(prompt_ids), int(state.num_tokens),
-                          spec, eos_id)
-        kept = len(new)
-        return gen.GenerationResult(tokens=new, stats=gen._stats(
-            new, state.rounds, np.asarray(state.accepted_log), np.asarray(state.nodes_log),
-            t2 - t1, t1 - t0))
+        result = gen.result_from_state(state, len(prompt_ids), spec, eos_id,
+                                       seconds=t2 - t1, prefill_seconds=t1 - t0)
+        kept = len(result.tokens)
+        return result
     finally:
         # Written on failure too (every round so far, uncut): that is when a trace helps most.
         _keep_emitted(records, kept)
@@ -226,20 +222,6 @@ def _keep_emitted(records: list[dict[str, Any]], kept: float) -> None:
 def write_jsonl_atomic(path: str | os.PathLike, records: Sequence[dict[str, Any]]) -> None:
     """One JSON object per line, written to a temporary file and moved into place."""
     write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file beside it + ``os.replace``)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes private files; reports are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_trace(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -17,12 +17,14 @@ a BOS, so :func:`encode_chat` gives the ids of ``apply_chat_template(..., tokeni
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from eaglepangu_jax.models.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["Message", "render_chat", "encode_chat"]
+__all__ = ["Message", "render_chat", "encode_chat", "Renderer", "ChatRenderer"]
 
 Message = Mapping[str, str]
 """One chat turn: ``{"role": "system" | "user" | "assistant", "content": str}``."""
@@ -85,3 +87,32 @@ def encode_chat(tokenizer: Tokenizer, messages: Sequence[Message],
                 add_generation_prompt: bool = True) -> list[int]:
     """Token ids of :func:`render_chat` (role markers are single special ids, no extra BOS)."""
     return tokenizer.encode(render_chat(messages, add_generation_prompt, tokenizer=tokenizer))
+
+
+class Renderer(Protocol):
+    """Turns a conversation into prompt ids and answer ids into text."""
+
+    def encode(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Prompt ids ending with the assistant header."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Answer text (special tokens dropped), sent back as the assistant message."""
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of plain text, no template (``generate --raw``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatRenderer:
+    """The teacher's chat template (the real benchmark's renderer)."""
+
+    tokenizer: Any
+
+    def encode(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return encode_chat(self.tokenizer, messages)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)

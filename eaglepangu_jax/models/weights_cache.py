@@ -19,12 +19,13 @@ import hashlib
 import json
 import logging
 import os
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import safetensors.numpy
+
+from eaglepangu_jax.files import atomic_write, sha256_file, write_json_atomic
 
 __all__ = [
     "CACHE_ENV_VAR",
@@ -54,32 +55,6 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     if cache_dir is None:
         cache_dir = os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "eaglepangu"
     return Path(cache_dir).expanduser()
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file's bytes, read in chunks (constant memory)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then move it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A unique name per writer (not mkstemp, whose 0600 mode would ignore the umask).
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _write_json_atomic(path: Path, data: Any) -> None:
-    _write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, sort_keys=True)))
 
 
 def _read_json(path: Path) -> Any:
@@ -113,7 +88,7 @@ def file_sha256(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None 
     index = latest if isinstance(latest, dict) else {}
     index[str(path)] = {**key, "sha256": digest}
     try:
-        _write_json_atomic(index_path, index)
+        write_json_atomic(index_path, index)
     except OSError as err:  # a read-only cache only costs a rehash next time
         log.warning("could not record the hash of %s in %s: %s", path, index_path, err)
     return digest
@@ -168,8 +143,8 @@ def _discard(payload: Path, sidecar: Path, problem: str) -> None:
 def _store_entry(payload: Path, sidecar: Path, source_sha256: str, metadata: Mapping[str, Any],
                  arrays: Mapping[str, np.ndarray]) -> None:
     contiguous = {name: np.ascontiguousarray(a, dtype=np.float32) for name, a in arrays.items()}
-    _write_atomic(payload, lambda tmp: safetensors.numpy.save_file(contiguous, str(tmp)))
-    _write_json_atomic(sidecar, {
+    atomic_write(payload, lambda tmp: safetensors.numpy.save_file(contiguous, str(tmp)))
+    write_json_atomic(sidecar, {
         "format_version": FORMAT_VERSION,
         "source_sha256": source_sha256,
         "payload_sha256": sha256_file(payload),
@@ -237,7 +212,7 @@ def load_or_build_json(source: str | os.PathLike, kind: str, build: Callable[[],
         path.unlink(missing_ok=True)
     payload = build()
     try:
-        _write_json_atomic(path, {"format_version": FORMAT_VERSION,
+        write_json_atomic(path, {"format_version": FORMAT_VERSION,
                                   "source_sha256": source_sha256,
                                   "payload_sha256": _canonical_sha256(payload),
                                   "payload": payload})

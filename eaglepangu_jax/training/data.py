@@ -24,16 +24,16 @@ import dataclasses
 import hashlib
 import json
 import os
-import uuid
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from eaglepangu_jax import cache as cache_lib
+from eaglepangu_jax.files import atomic_write, sha256_file
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.generate import Teacher, generate_batch, prefill
+from eaglepangu_jax.engine.decode import Teacher, generate_batch, prefill
 
 # Bump when the shard contents or their computation change.
 CODE_VERSION = 1
@@ -75,27 +75,6 @@ class Shard:
         for i in range(len(self.prompt_lens)):
             a, b = int(self.offsets[i]), int(self.offsets[i + 1])
             yield self.tokens[a:b], self.features[a:b], int(self.prompt_lens[i])
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` to a unique temporary file beside ``path``, then ``os.replace`` it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # some writers create private files; these are shared data
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def shard_key(fingerprint: str, prompts: Sequence[Sequence[int]], settings: DataSettings) -> str:

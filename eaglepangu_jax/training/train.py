@@ -24,11 +24,8 @@ shard, ~7-9 s per EAGLE-3 training step of 8 sequences x 224 tokens x 3 unrolled
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -38,9 +35,11 @@ import numpy as np
 import optax
 
 from eaglepangu_jax.drafters import block, eagle3
-from eaglepangu_jax.drafters.vocab import DraftVocab, build_vocab, token_counts
+from eaglepangu_jax.drafters.vocab import DraftVocab
 from eaglepangu_jax.training import train_block
-from eaglepangu_jax.training.data import Shard, atomic_write
+from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
+from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
+from eaglepangu_jax.training.data import Shard
 
 STEP_DECAY = 0.8
 
@@ -178,22 +177,21 @@ class Kind:
     """What differs between drafter kinds; the loop, optimiser and checkpoints are shared.
 
     Attributes:
-      name: the kind's name (``--kind``); checkpoints store ``format = "eaglepangu-<name>"``.
-      config_cls: its config class (``to_json`` / ``from_json`` / ``head_shapes``).
+      name: the kind's name (``--kind``), a key of the checkpoint format table
+        (:data:`eaglepangu_jax.drafters.checkpoint.FORMATS`, which gives its config class).
       init_head: ``(config, key, *, embed, d2t, final_norm) -> head``.
       arrays: ``(batches, rows, step, train_cfg, config) -> tuple`` of host arrays of a step.
       loss: ``(head, config, embed, arrays, train_cfg) -> (loss, per-depth accuracy)``.
     """
 
     name: str
-    config_cls: type
     init_head: Callable[..., dict]
     arrays: Callable[..., tuple]
     loss: Callable[..., tuple]
 
     @property
-    def format(self) -> str:
-        return f"eaglepangu-{self.name}"
+    def config_cls(self) -> type:
+        return checkpoint_lib.FORMATS[self.name]
 
 
 def _eagle3_arrays(batches: Batches, rows, step, cfg, config) -> tuple:
@@ -205,97 +203,14 @@ def _eagle3_loss(head, config, embed, arrays, cfg):
 
 
 KINDS: dict[str, Kind] = {
-    "eagle3": Kind("eagle3", eagle3.Eagle3Config, eagle3.init_head, _eagle3_arrays,
-                   _eagle3_loss),
-    "block": Kind("block", block.BlockConfig, block.init_head, train_block.train_arrays,
-                  train_block.loss),
+    "eagle3": Kind("eagle3", eagle3.init_head, _eagle3_arrays, _eagle3_loss),
+    "block": Kind("block", block.init_head, train_block.train_arrays, train_block.loss),
 }
 
 
 def kind_of(config: Any) -> Kind:
-    """The kind whose config class ``config`` is."""
-    for kind in KINDS.values():
-        if isinstance(config, kind.config_cls):
-            return kind
-    raise ValueError(f"no drafter kind has config type {type(config).__name__}; known kinds: "
-                     f"{sorted(KINDS)}")
-
-
-# ------------------------------------------------------------------------------ checkpoints
-
-
-def save_checkpoint(path: str | Path, head: dict, config: Any, d2t: np.ndarray, *,
-                    fingerprint: str, extra: dict | None = None, opt_state: Any = None,
-                    dtype: Any = np.float32) -> None:
-    """Write ``path.safetensors`` + ``path.json`` atomically (optimiser state optional);
-    ``config`` (an EAGLE-3 or block config) decides the stored ``format``."""
-    from safetensors.numpy import save_file
-
-    path = Path(path)
-    kind = kind_of(config)
-    arrays = {f"head.{k}": np.asarray(v, np.float32).astype(dtype) for k, v in head.items()}
-    arrays["d2t"] = np.asarray(d2t, np.int32)
-    if opt_state is not None:
-        for i, leaf in enumerate(jax.tree_util.tree_leaves(opt_state)):
-            arrays[f"opt.{i}"] = np.asarray(leaf)
-    meta = {"format": kind.format, "version": 1, "teacher_fingerprint": fingerprint,
-            "config": config.to_json(), **(extra or {})}
-    atomic_write(path.with_suffix(".safetensors"), lambda tmp: save_file(arrays, str(tmp)))
-    atomic_write(path.with_suffix(".json"),
-                 lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)))
-
-
-def load_checkpoint(path: str | Path, *, fingerprint: str | None, config: Any = None,
-                    kind: str | None = None) -> tuple[Any, dict, np.ndarray, dict, dict]:
-    """``(config, head float32, d2t, metadata, optimiser leaves by index)``.
-
-    Args:
-      path: checkpoint path without suffix (or with either suffix).
-      fingerprint: the teacher it must belong to (``None`` skips the check).
-      config: the head shape it must have (``None``: the stored one); also fixes the kind.
-      kind: the drafter kind it must hold (``"eagle3"``, ``"block"``; ``None``: any).
-
-    Raises:
-      ValueError: another teacher's checkpoint, another kind, an unknown format, or a weight
-        of the wrong shape / missing.
-    """
-    from safetensors.numpy import load_file
-
-    path = Path(path)
-    path = path.with_suffix("") if path.suffix in (".json", ".safetensors") else path
-    meta = json.loads(path.with_suffix(".json").read_text())
-    stored_fp = meta.get("teacher_fingerprint")
-    if fingerprint is not None and stored_fp != fingerprint:
-        raise ValueError(f"checkpoint {path} was trained for teacher {str(stored_fp)[:16]}..., "
-                         f"not this teacher {fingerprint[:16]}...: refusing to load it")
-    by_format = {k.format: k for k in KINDS.values()}
-    stored_kind = by_format.get(meta.get("format"))
-    if stored_kind is None:
-        raise ValueError(f"checkpoint {path} has format {meta.get('format')!r}; known formats: "
-                         f"{sorted(by_format)}")
-    wanted = kind if config is None else kind_of(config).name
-    if wanted is not None and wanted != stored_kind.name:
-        raise ValueError(f"checkpoint {path} holds a drafter of kind {stored_kind.name!r}, "
-                         f"not the {wanted!r} asked for")
-    cfg = config if config is not None else stored_kind.config_cls.from_json(meta["config"])
-    arrays = load_file(str(path.with_suffix(".safetensors")))
-    head = {}
-    for name, shape in cfg.head_shapes().items():
-        arr = arrays.get(f"head.{name}")
-        if arr is None or tuple(arr.shape) != shape:
-            got = None if arr is None else tuple(arr.shape)
-            raise ValueError(f"checkpoint {path}: weight {name!r} has shape {got}, the head "
-                             f"needs {shape}")
-        head[name] = jnp.asarray(arr.astype(np.float32))
-    d2t = arrays.get("d2t")
-    if d2t is None or d2t.shape != (cfg.draft_vocab_size,):
-        raise ValueError(f"checkpoint {path}: d2t has shape "
-                         f"{None if d2t is None else d2t.shape}, expected "
-                         f"({cfg.draft_vocab_size},)")
-    if d2t.min() < 0 or d2t.max() >= cfg.teacher_vocab_size:
-        raise ValueError(f"checkpoint {path}: d2t holds ids outside the teacher vocabulary")
-    opt = {int(k.split(".")[1]): v for k, v in arrays.items() if k.startswith("opt.")}
-    return cfg, head, d2t, meta, opt
+    """The training kind whose config class ``config`` is."""
+    return KINDS[checkpoint_lib.kind_of(config)]
 
 
 # ------------------------------------------------------------------------------------ loop
@@ -380,123 +295,3 @@ def train(batches: Batches, config: Any, vocab: DraftVocab, embed, cfg: TrainCon
 
 
 # ------------------------------------------------------------------------------------- CLI
-
-
-def train_draft_main(argv: Sequence[str] | None = None) -> int:
-    """``train-draft --kind {eagle3,block}``: self-distil data, build the vocab, train, export.
-
-    Both kinds read the same cached shards (same prompts, teacher and tapped layers). With the
-    defaults (288 prompts, 128 new tokens) answering the prompts takes ~10-30 min on two shared
-    CPU cores (18 shards of 35-100 s; cached, so only once). EAGLE-3 training: 200 steps of
-    ~7-9 s. Block training, as shipped (``--kind block --steps 600 --anchors 16 --lr 3e-3
-    --warmup-steps 50 --weight-decay 0.1 --context-window 32 --holdout-shards 1
-    --eval-every 200``): ~0.7 s per step, 7.7 min in all. The training checkpoint resumes
-    (the held-out tracking of ``--eval-every`` does not: it covers the last uninterrupted part).
-    """
-    parser = argparse.ArgumentParser(prog="eaglepangu train-draft")
-    parser.add_argument("--kind", default="eagle3", choices=sorted(KINDS))
-    parser.add_argument("--prompts", type=int, default=288)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--shard-size", type=int, default=16)
-    parser.add_argument("--data-dir", default=None, help="shard directory (default: cache)")
-    parser.add_argument("--holdout-shards", type=int, default=0,
-                        help="leave the last N shards out of training (and the vocabulary) "
-                             "and report held-out accuracy on them")
-    parser.add_argument("--out", required=True, help="checkpoint path (no suffix)")
-    parser.add_argument("--export", default=None, help="also write float16 weights here")
-    parser.add_argument("--vocab-size", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=224)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup-steps", type=int, default=20)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--eval-every", type=int, default=100,
-                        help="block with --holdout-shards: evaluate every N steps and export "
-                             "the head with the longest held-out chain accepted length")
-    parser.add_argument("--ttt-steps", type=int, default=3, help="eagle3: unrolled steps")
-    parser.add_argument("--block-size", type=int, default=8, help="block: slots per block (D)")
-    parser.add_argument("--block-layers", type=int, default=2, help="block: drafter layers")
-    parser.add_argument("--anchors", type=int, default=16,
-                        help="block: blocks per sequence and step")
-    parser.add_argument("--context-window", type=int, default=0,
-                        help="block: half the blocks see only the last 1..N context positions")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ray-address", default=None)
-    args = parser.parse_args(argv)
-
-    from eaglepangu_jax.engine.generate import Teacher
-    from eaglepangu_jax.models import chat, llama, smollm2, tokenizer as tok_lib
-    from eaglepangu_jax.models.weights_cache import resolve_cache_dir
-    from eaglepangu_jax.training import data as data_lib
-    from eaglepangu_jax.training.prompts import training_prompts
-
-    t0 = time.time()
-    teacher_cfg, params = smollm2.load_smollm2()
-    teacher = Teacher(teacher_cfg, llama.prepare_params(params))
-    fingerprint = smollm2.teacher_fingerprint()
-    tok = tok_lib.load_tokenizer()
-    if args.kind == "block":
-        head_cfg = block.BlockConfig.for_teacher(teacher_cfg, args.vocab_size,
-                                                 block_size=args.block_size,
-                                                 num_layers=args.block_layers)
-    else:
-        head_cfg = eagle3.Eagle3Config.for_teacher(teacher_cfg, args.vocab_size)
-    settings = data_lib.DataSettings(feature_layers=head_cfg.feature_layers,
-                                     max_new_tokens=args.max_new_tokens,
-                                     shard_size=args.shard_size)
-    prompt_ids = [chat.encode_chat(tok, [{"role": "user", "content": p}])
-                  for p in training_prompts(args.prompts, seed=args.seed)]
-    data_dir = Path(args.data_dir) if args.data_dir else resolve_cache_dir() / "eagle3-data"
-    keys = data_lib.build_dataset(teacher, prompt_ids, settings, data_dir,
-                                  fingerprint=fingerprint, ray_address=args.ray_address)
-    shards = data_lib.load_dataset(data_dir, keys)
-    if not 0 <= args.holdout_shards < len(shards):
-        raise ValueError(f"--holdout-shards {args.holdout_shards} must lie in [0, "
-                         f"{len(shards) - 1}] ({len(shards)} shards)")
-    held = shards[len(shards) - args.holdout_shards:] if args.holdout_shards else []
-    shards = shards[: len(shards) - args.holdout_shards]
-    counts = token_counts((s.tokens for s in shards), teacher_cfg.vocab_size)
-    vocab = build_vocab(counts, args.vocab_size, special_ids=(0, 1, 2))
-    print(f"draft vocabulary: {vocab.size} tokens, coverage {vocab.coverage:.4f}")
-    batches = make_batches(shards, vocab, args.seq_len)
-    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-                      learning_rate=args.lr, warmup_steps=args.warmup_steps,
-                      weight_decay=args.weight_decay, ttt_steps=args.ttt_steps,
-                      anchors=args.anchors, context_window=args.context_window,
-                      seed=args.seed)
-    best: dict[str, Any] = {}
-    history: list[dict[str, Any]] = []
-
-    def monitor(step: int, head: dict) -> None:
-        report = train_block.evaluate(head, head_cfg, params["embed"], held_batches)
-        history.append({"step": step, "loss": report["loss"], "accuracy": report["accuracy"],
-                        "chain_accepted_length": report["chain_accepted_length"]})
-        print(f"\nstep {step}: held-out loss {report['loss']:.3f}, accuracy "
-              f"{[round(a, 3) for a in report['accuracy'][:4]]}, chain accepted length "
-              f"{report['chain_accepted_length']:.3f}", flush=True)
-        # Acceptance, not likelihood: past the first epochs the held-out loss rises (the
-        # marginals grow overconfident) while the held-out accuracy still improves.
-        if not best or report["chain_accepted_length"] > best["report"]["chain_accepted_length"]:
-            best.update(step=step, head=head, report=report)
-
-    evaluating = bool(held) and args.kind == "block"
-    held_batches = make_batches(held, vocab, args.seq_len) if evaluating else None
-    t_train = time.time()
-    head, losses = train(batches, head_cfg, vocab, params["embed"], cfg,
-                         fingerprint=fingerprint, checkpoint=args.out,
-                         final_norm=params["final_norm"],
-                         monitor=monitor if evaluating else None, monitor_every=args.eval_every)
-    extra = {"step": cfg.steps, "final_loss": losses[-1], "train": dataclasses.asdict(cfg),
-             "loss_every_10_steps": losses[::10], "train_seconds": time.time() - t_train,
-             "train_sequences": int(batches.tokens.shape[0]), "vocab_coverage": vocab.coverage}
-    if best:
-        head = best["head"]
-        extra.update(step=best["step"], held_out={"shards": len(held), **best["report"]},
-                     held_out_history=history)
-        print(f"exporting step {best['step']}; held-out:", json.dumps(best["report"]))
-    if args.export:
-        save_checkpoint(args.export, head, head_cfg, vocab.d2t, fingerprint=fingerprint,
-                        dtype=np.float16, extra=extra)
-    print(f"done in {time.time() - t0:.0f} s; final loss {losses[-1]:.4f}")
-    return 0

@@ -2,7 +2,7 @@
 
 ``transformers`` loads the teacher's GGUF (dequantised to float32, like ours) and decodes it
 greedily, plainly or with its prompt-lookup assisted generation. A peer run returns a
-:class:`~eaglepangu_jax.engine.generate.GenerationResult`, counted the way the JAX engine counts:
+:class:`~eaglepangu_jax.engine.decode.GenerationResult`, counted the way the JAX engine counts:
 
 * tokens: the generated ids themselves (never text re-tokenised), prompt excluded, up to and
   including eos, at most ``max_new_tokens``;
@@ -30,7 +30,7 @@ import time
 from typing import Any, Sequence
 
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.generate import GenerationResult, GenerationStats
+from eaglepangu_jax.engine.decode import GenerationResult, GenerationStats
 from eaglepangu_jax.models import smollm2
 
 __all__ = [

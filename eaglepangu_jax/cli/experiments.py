@@ -1,7 +1,7 @@
 """Evaluation experiments as commands: budget sweep, draft-window ablation, controller vs fixed
-budgets. Each runs a grid of methods (:mod:`eaglepangu_jax.grids`) beside greedy in ONE
+budgets. Each runs a grid of methods (:mod:`eaglepangu_jax.evaluation.grids`) beside greedy in ONE
 side-by-side benchmark, then writes bench's report plus an ``experiment`` summary (JSON),
-prints a table and, with ``--plot-dir``, draws PNGs (:mod:`eaglepangu_jax.plots`).
+prints a table and, with ``--plot-dir``, draws PNGs (:mod:`eaglepangu_jax.evaluation.plots`).
 
 * ``sweep``: tree nodes x max depth. The seeds report a non-monotonic budget curve with a
   sweet spot at 16 nodes, depth 10 (1.48x).
@@ -15,7 +15,7 @@ Every option is checked, and every cell built, before the model loads.
 
 For the ``eaglepangu`` command: ``add_<name>_arguments(parser)`` and
 ``run_<name>(args, *, teacher=None, renderer=None)`` per command (names in
-:data:`COMMANDS`). Standalone: ``python -m eaglepangu_jax.experiments sweep --help``.
+:data:`COMMANDS`). Standalone: ``python -m eaglepangu_jax.cli.experiments sweep --help``.
 """
 
 from __future__ import annotations
@@ -26,15 +26,19 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import jax
 
-from eaglepangu_jax import bench, grids, plots
+from eaglepangu_jax import runtime
+from eaglepangu_jax.cli import args as args_lib
+from eaglepangu_jax.evaluation import grids, plots
+from eaglepangu_jax.evaluation.experiments import budgets_plot, run_in_groups, sweep_plots, window_plot
+from eaglepangu_jax.evaluation.report import write_report
+from eaglepangu_jax.methods import registry as methods_lib
+from eaglepangu_jax.drafters.registry import DrafterUnavailableError
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.suites import (SUITES, Conversation, count_turns, load_prompts, load_suite,
+from eaglepangu_jax.evaluation.suites import (SUITES, Conversation, count_turns, load_prompts, load_suite,
                                    per_category)
 
 DEFAULT_MAX_NEW_TOKENS = 64  # an experiment runs many cells: shorter answers than bench's
-CELLS_PER_RUN = 6  # cells interleaved in one benchmark (see run_in_groups)
 DESCRIPTIONS = {
     "sweep": "Mean speed-up and accepted length per (tree nodes, max depth) cell, side by "
              "side with greedy on the same turns; the sweet spot; two heatmaps.",
@@ -49,40 +53,17 @@ DESCRIPTIONS = {
 # ----------------------------------------------------------------------------- arguments
 
 
-def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse ``type`` that keeps ``parse``'s error message."""
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-    return convert
-
-
-def _counts(what: str, high: int | None = None) -> Callable[[str], tuple[int, ...]]:
-    return _typed(lambda text: grids.parse_counts(text, what=what, high=high))
-
-
-def _count(what: str, high: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        values = grids.parse_counts(text, what=what, high=high)
-        if len(values) != 1:
-            raise ValueError(f"expected one number of {what}, got {text!r}")
-        return values[0]
-    return _typed(parse)
-
-
 def _add_common(p: argparse.ArgumentParser, drafters: Sequence[str], default: str) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--suite", choices=SUITES, help="a shipped prompt suite")
     source.add_argument("--prompts", metavar="FILE.jsonl",
                         help="conversations to run (JSON Lines, as for 'bench')")
-    p.add_argument("--limit", type=_count("conversations"), default=None,
+    p.add_argument("--limit", type=args_lib.count("conversations"), default=None,
                    metavar="N", help="run only the first N conversations")
-    p.add_argument("--per-category", type=_count("conversations"), default=None, metavar="N",
+    p.add_argument("--per-category", type=args_lib.count("conversations"), default=None, metavar="N",
                    help="run only the first N conversations of every category (applied "
                         "before --limit)")
-    p.add_argument("--max-new-tokens", type=_count("tokens"),
+    p.add_argument("--max-new-tokens", type=args_lib.count("tokens"),
                    default=DEFAULT_MAX_NEW_TOKENS, metavar="N",
                    help="tokens to generate per answer (fewer if the model stops; default: "
                         "%(default)s)")
@@ -100,11 +81,11 @@ def _add_common(p: argparse.ArgumentParser, drafters: Sequence[str], default: st
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``sweep``."""
     _add_common(parser, grids.DRAFTERS, "ngram")
-    parser.add_argument("--nodes", type=_counts("tree nodes", grids.MAX_NODES),
+    parser.add_argument("--nodes", type=args_lib.counts("tree nodes", grids.MAX_NODES),
                         default="4,8,16,32,64", metavar="LIST",
                         help=f"tree node budgets (root excluded), each 1..{grids.MAX_NODES} "
                              f"(default: %(default)s)")
-    parser.add_argument("--depth", type=_counts("depth levels", grids.MAX_DEPTH),
+    parser.add_argument("--depth", type=args_lib.counts("depth levels", grids.MAX_DEPTH),
                         default="2,4,6,8,10", metavar="LIST",
                         help="max tree depths, each at least 1 and at most the drafter's "
                              "maximum (default: %(default)s)")
@@ -113,27 +94,27 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 def add_ablate_window_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``ablate-window``."""
     _add_common(parser, grids.DRAFTERS, "ngram")
-    parser.add_argument("--windows", type=_typed(grids.parse_windows),
+    parser.add_argument("--windows", type=args_lib.typed(args_lib.parse_windows),
                         default="128,256,512,full", metavar="LIST",
                         help="draft windows in tokens (each >= 1) or 'full' (default: "
                              "%(default)s)")
-    parser.add_argument("--nodes", type=_count("tree nodes", grids.MAX_NODES),
-                        default=bench.DEFAULT_BUDGET, metavar="N",
+    parser.add_argument("--nodes", type=args_lib.count("tree nodes", grids.MAX_NODES),
+                        default=methods_lib.DEFAULT_BUDGET, metavar="N",
                         help="tree node budget (default: %(default)s)")
-    parser.add_argument("--depth", type=_count("depth levels", grids.MAX_DEPTH), default=None,
-                        metavar="D", help=f"max tree depth (default: {bench.DEFAULT_DEPTH}, or "
+    parser.add_argument("--depth", type=args_lib.count("depth levels", grids.MAX_DEPTH), default=None,
+                        metavar="D", help=f"max tree depth (default: {methods_lib.DEFAULT_DEPTH}, or "
                                           f"a shipped drafter's own)")
 
 
 def add_budgets_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``budgets``."""
     _add_common(parser, grids.DRAFTERS, "block")
-    parser.add_argument("--budgets", type=_counts("tree nodes", grids.MAX_NODES),
+    parser.add_argument("--budgets", type=args_lib.counts("tree nodes", grids.MAX_NODES),
                         default="2,4,8,16,32", metavar="LIST",
                         help="fixed tree budgets (best-first for the block drafter); the "
                              "largest is the controller's ceiling (default: %(default)s)")
-    parser.add_argument("--depth", type=_count("depth levels", grids.MAX_DEPTH), default=None,
-                        metavar="D", help=f"max tree depth (default: {bench.DEFAULT_DEPTH}, or "
+    parser.add_argument("--depth", type=args_lib.count("depth levels", grids.MAX_DEPTH), default=None,
+                        metavar="D", help=f"max tree depth (default: {methods_lib.DEFAULT_DEPTH}, or "
                                           f"the drafter's maximum if lower)")
 
 
@@ -166,10 +147,10 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 
 def _build(parser: argparse.ArgumentParser, args: argparse.Namespace,
-           build: Callable[[], list[bench.Method]], settings: str) -> list[bench.Method]:
+           build: Callable[[], list[methods_lib.Method]], settings: str) -> list[methods_lib.Method]:
     try:
         return build()
-    except (ValueError, bench.DrafterUnavailableError) as err:
+    except (ValueError, DrafterUnavailableError) as err:
         parser.error(f"argument --drafter {args.drafter} with {settings}: {err}")
     raise AssertionError("unreachable")
 
@@ -178,14 +159,12 @@ def _build(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def _run(args: argparse.Namespace, conversations: list[Conversation],
-         methods: list[bench.Method], teacher: Any, renderer: Any, name: str
+         methods: list[methods_lib.Method], teacher: Any, renderer: Any, name: str
          ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Greedy + ``methods`` on every turn; the bench report and the experiment header."""
-    from eaglepangu_jax import cli  # the model loaders; late: the eaglepangu command imports us
-
-    greedy = bench.make_method(bench.REFERENCE, SpecConfig(max_new_tokens=args.max_new_tokens))
-    teacher = teacher if teacher is not None else cli.load_teacher()
-    renderer = renderer if renderer is not None else cli.load_renderer()
+    greedy = methods_lib.make_method(methods_lib.REFERENCE, SpecConfig(max_new_tokens=args.max_new_tokens))
+    teacher = teacher if teacher is not None else runtime.load_teacher()
+    renderer = renderer if renderer is not None else runtime.load_renderer()
     start = time.perf_counter()
     report = run_in_groups(teacher, conversations, greedy, methods, renderer,
                            progress=args.progress)
@@ -206,47 +185,9 @@ def _run(args: argparse.Namespace, conversations: list[Conversation],
     return report, header
 
 
-def run_in_groups(teacher: Any, conversations: list[Conversation], greedy: bench.Method,
-                  methods: Sequence[bench.Method], renderer: Any, *, progress: bool,
-                  group_size: int | None = None) -> dict[str, Any]:
-    """``bench.run_bench`` over ``greedy`` + ``methods``, ``group_size`` cells at a time.
-
-    Every compiled program of a benchmark stays alive while it runs (the methods are
-    interleaved per turn), and a 16-cell sweep exhausted the process's memory maps in XLA's
-    CPU compiler. So the cells run in groups, each beside its own greedy run on the same
-    turns (each cell's speed-up is against the greedy run it was interleaved with), and the
-    compilation caches are cleared between groups. The merged report keeps the first
-    group's greedy records and every cell's records, and is summarised afresh.
-    ``group_size`` defaults to :data:`CELLS_PER_RUN`.
-    """
-    group_size = group_size or CELLS_PER_RUN
-    groups = [list(methods[i:i + group_size]) for i in range(0, len(methods), group_size)]
-    merged: dict[str, Any] | None = None
-    for index, group in enumerate(groups):
-        if index:
-            jax.clear_caches()
-        report = bench.run_bench(teacher, conversations, [greedy, *group], renderer,
-                                 progress=progress)
-        if merged is None:
-            merged = report
-            continue
-        merged["methods"].update({k: v for k, v in report["methods"].items()
-                                  if k != bench.REFERENCE})
-        merged["warmup_seconds"].update({k: v for k, v in report["warmup_seconds"].items()
-                                         if k != bench.REFERENCE})
-        for mine, theirs in zip(merged["turns"], report["turns"]):
-            mine["methods"].update({k: v for k, v in theirs["methods"].items()
-                                    if k != bench.REFERENCE})
-    assert merged is not None, "no methods to run"
-    names = [bench.REFERENCE] + [m.name for m in methods]
-    merged["summary"] = bench.summarize_turns(merged["turns"], names)
-    merged["groups"] = [[m.name for m in group] for group in groups]
-    return merged
-
-
 def _finish(args: argparse.Namespace, report: dict[str, Any], experiment: dict[str, Any],
             table: str, draw: Callable[[Path], list[Path]]) -> int:
-    bench.write_report(args.json, {**report, "experiment": experiment})
+    write_report(args.json, {**report, "experiment": experiment})
     print(table)
     print(f"\n{len(report['turns'])} turns x {len(report['methods'])} methods in "
           f"{experiment['seconds']:.0f} s; report written to {args.json}", file=sys.stderr)
@@ -317,65 +258,13 @@ COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[..
 # ----------------------------------------------------------------------------- figures
 
 
-def sweep_plots(experiment: dict[str, Any], folder: Path) -> list[Path]:
-    """Speed-up and accepted-length heatmaps of a sweep (sweet spot outlined)."""
-    cells, rows, cols = experiment["cells"], experiment["depths"], experiment["nodes"]
-    best = experiment["sweet_spot"]
-    common = dict(rows=rows, cols=cols, xlabel="tree nodes (budget)", ylabel="max depth",
-                  highlight=(rows.index(best["depth"]), cols.index(best["nodes"]))
-                  if best else None)
-    stem = folder / f"sweep_{experiment['drafter']}"
-    note = "outlined: the sweet spot, best mean speed-up"
-    return [
-        plots.heatmap(grids.grid(cells, "mean_speedup", rows, cols),
-                      path=f"{stem}_speedup.png", fmt="{:.2f}×", center=1.0,
-                      title=f"Mean speed-up over greedy ({note})\n{experiment['context']}",
-                      colorbar_label="speed-up over greedy (×)", **common),
-        plots.heatmap(grids.grid(cells, "mean_accepted_length", rows, cols),
-                      path=f"{stem}_accepted_length.png",
-                      title=f"Mean accepted length ({note})\n{experiment['context']}",
-                      colorbar_label="accepted length (tokens / verify round)", **common),
-    ]
-
-
-def window_plot(experiment: dict[str, Any], folder: Path) -> Path:
-    """Accepted length and speed-up against the draft window."""
-    cells = experiment["cells"]
-    return plots.setting_bars(
-        [grids.window_label(c["window"]) for c in cells],
-        [("mean accepted length (tokens / verify round)",
-          [c["mean_accepted_length"] for c in cells], 1.0),
-         ("mean speed-up over greedy (×)", [c["mean_speedup"] for c in cells], 1.0)],
-        path=folder / f"window_{experiment['drafter']}.png",
-        xlabel="draft window (latest tokens the drafter sees)",
-        title=f"Draft-window ablation ({experiment['nodes']} tree nodes, max depth "
-              f"{experiment['depth']})\n{experiment['context']}")
-
-
-def budgets_plot(experiment: dict[str, Any], folder: Path) -> Path:
-    """Mean speed-up per category: every fixed budget and the controller, with its gap."""
-    rows = experiment["comparison"]["categories"]
-    series = {f"fixed, {b['budget']} nodes": [r["fixed"][i]["mean_speedup"] for r in rows]
-              for i, b in enumerate(rows[0]["fixed"])}
-    auto = next(c for c in experiment["cells"] if c["policy"] == "auto")
-    series[f"auto controller (ceiling {auto['nodes']} nodes)"] = [r["auto_speedup"] for r in rows]
-    return plots.grouped_bars(
-        [f"{r['category']}\n({plots.plural(r['turns'], 'turn')})" for r in rows], series,
-        path=folder / f"budgets_{experiment['drafter']}.png", xlabel="prompt category",
-        ylabel="mean speed-up over greedy (×)",
-        group_notes=[f"auto gap {grids.format_number(r['gap_percent'], 1, '%')}"
-                     for r in rows],
-        title=f"Controller vs fixed budgets (max depth {experiment['depth']}; gap = best fixed "
-              f"minus auto, % of best)\n{experiment['context']}")
-
-
 # ----------------------------------------------------------------------------- main
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The standalone parser (sub-commands of :data:`COMMANDS`)."""
     parser = argparse.ArgumentParser(
-        prog="python -m eaglepangu_jax.experiments",
+        prog="python -m eaglepangu_jax.cli.experiments",
         description="Evaluation experiments, each a grid of speculative settings run side by "
                     "side with greedy on the same turns.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -394,9 +283,7 @@ def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: An
     """
     args = build_parser().parse_args(argv)
     if teacher is None:
-        from eaglepangu_jax.cli import enable_compile_cache
-
-        enable_compile_cache(None)
+        runtime.enable_compile_cache(None)
     return COMMANDS[args.command][1](args, teacher=teacher, renderer=renderer)
 
 

@@ -1,8 +1,8 @@
 """Experiment grids: one benchmark method per cell, and the summaries of a grid run.
 
-An experiment (see :mod:`eaglepangu_jax.experiments`) is a list of
-:class:`eaglepangu_jax.bench.Method`, one drafter with one :class:`SpecConfig` per cell, each
-named after its cell (``"ngram n=8 d=4"``), run by one :func:`bench.run_bench` call beside
+An experiment (see :mod:`eaglepangu_jax.cli.experiments`) is a list of
+:class:`eaglepangu_jax.methods.Method`, one drafter with one :class:`SpecConfig` per cell, each
+named after its cell (``"ngram n=8 d=4"``), run by one :func:`evaluation.run.run_bench` call beside
 greedy. Everything here after the builders reads only bench's per-turn records and the cells'
 coordinates (:func:`cells_of`), so a stored report can be summarised again.
 
@@ -20,14 +20,16 @@ import dataclasses
 import functools
 from typing import Any, Callable, Sequence
 
-from eaglepangu_jax import bench
+from eaglepangu_jax.drafters.registry import MARGINAL, NAMES
+from eaglepangu_jax.evaluation.report import summarize_turns
+from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.engine.config import SpecConfig
 
-DRAFTERS = ("ngram", "eagle3", "block")
-MARGINAL_DRAFTERS = ("block",)  # their marginals are shaped best-first into a tree
+DRAFTERS = NAMES
+MARGINAL_DRAFTERS = MARGINAL  # their marginals are shaped best-first into a tree
 MAX_NODES = 256
 # A sanity ceiling above any drafter here; each drafter's own maximum is checked when its
-# cells are built (bench.make_method).
+# cells are built (methods_lib.make_method).
 MAX_DEPTH = 64
 FULL = "full"  # the window of the whole context
 TARGET_GAP_PERCENT = 5.0
@@ -43,55 +45,6 @@ def default_policy(drafter: str) -> str:
 # ----------------------------------------------------------------------------- values
 
 
-def parse_counts(text: str, *, what: str, high: int | None = None) -> tuple[int, ...]:
-    """``"4,8,16"`` -> ``(4, 8, 16)``, sorted.
-
-    Raises:
-      ValueError: an empty list or item, a non-integer, a value below 1 or above ``high``,
-        or a repeated value.
-    """
-    items = [t.strip() for t in text.split(",")]
-    if not text.strip() or not all(items):
-        raise ValueError(f"expected a comma-separated list of {what}, got {text!r}")
-    values = []
-    for item in items:
-        try:
-            value = int(item)
-        except ValueError:
-            raise ValueError(f"{item!r} is not a whole number of {what}") from None
-        if value < 1 or (high is not None and value > high):
-            bound = "at least 1" if high is None else f"between 1 and {high}"
-            raise ValueError(f"{what} must be {bound}, got {value}")
-        values.append(value)
-    _no_repeats(values)
-    return tuple(sorted(values))
-
-
-def parse_windows(text: str) -> tuple[int | None, ...]:
-    """``"128,256,full"`` -> ``(128, 256, None)`` (``None`` = the whole context, last).
-
-    Raises:
-      ValueError: an empty list or item, a value that is neither ``full`` nor an integer
-        >= 1, or a repeated value.
-    """
-    items = [t.strip().lower() for t in text.split(",")]
-    if not text.strip() or not all(items):
-        raise ValueError(f"expected a comma-separated list of windows, got {text!r}")
-    _no_repeats(items)
-    numbers = [i for i in items if i != FULL]
-    bad = [i for i in numbers if not i.lstrip("+-").isdigit()]
-    if bad:
-        raise ValueError(f"window {bad[0]!r} is neither {FULL!r} nor a whole number of tokens")
-    windows = parse_counts(",".join(numbers), what="window tokens") if numbers else ()
-    return windows + ((None,) if FULL in items else ())
-
-
-def _no_repeats(values: Sequence[Any]) -> None:
-    repeated = sorted({str(v) for v in values if values.count(v) > 1})
-    if repeated:
-        raise ValueError(f"value(s) {', '.join(repeated)} given more than once")
-
-
 def window_label(window: int | None) -> str:
     """``"128"`` or ``"full"``."""
     return FULL if window is None else str(window)
@@ -100,33 +53,33 @@ def window_label(window: int | None) -> str:
 # ----------------------------------------------------------------------------- grids
 
 
-Maker = Callable[[SpecConfig, bool], bench.Method]
+Maker = Callable[[SpecConfig, bool], methods_lib.Method]
 
 
 def method_maker(drafter: str) -> Maker:
-    """``(spec, default_depth) -> Method`` for one drafter (see :func:`bench.make_method`);
+    """``(spec, default_depth) -> Method`` for one drafter (see :func:`methods_lib.make_method`);
     EAGLE-3's shipped weights are read once for the whole grid."""
-    extra = {"eagle3_loader": functools.cache(bench.load_eagle3)} if drafter == "eagle3" else {}
+    extra = {"eagle3_loader": functools.cache(methods_lib.load_eagle3)} if drafter == "eagle3" else {}
 
-    def make(spec: SpecConfig, default_depth: bool) -> bench.Method:
-        return bench.make_method(drafter, spec, default_depth=default_depth, **extra)
+    def make(spec: SpecConfig, default_depth: bool) -> methods_lib.Method:
+        return methods_lib.make_method(drafter, spec, default_depth=default_depth, **extra)
 
     return make
 
 
 def _cell(make: Maker, name: str, spec: SpecConfig, default_depth: bool = False
-          ) -> bench.Method:
+          ) -> methods_lib.Method:
     return dataclasses.replace(make(spec, default_depth), name=name)
 
 
 def sweep_methods(drafter: str, nodes: Sequence[int], depths: Sequence[int], *,
                   max_new_tokens: int, policy: str | None = None,
-                  make: Maker | None = None) -> list[bench.Method]:
+                  make: Maker | None = None) -> list[methods_lib.Method]:
     """One method per (nodes, depth), nodes varying fastest, named ``"ngram n=8 d=4"``.
 
     Raises:
       ValueError: a depth above the drafter's maximum (or another bad setting).
-      bench.DrafterUnavailableError: the drafter cannot be loaded.
+      methods_lib.DrafterUnavailableError: the drafter cannot be loaded.
     """
     make = make or method_maker(drafter)
     policy = policy or default_policy(drafter)
@@ -137,24 +90,24 @@ def sweep_methods(drafter: str, nodes: Sequence[int], depths: Sequence[int], *,
 
 def window_methods(drafter: str, windows: Sequence[int | None], *, nodes: int,
                    depth: int | None, max_new_tokens: int, policy: str | None = None,
-                   make: Maker | None = None) -> list[bench.Method]:
+                   make: Maker | None = None) -> list[methods_lib.Method]:
     """One method per draft window, named ``"ngram w=128"`` / ``"ngram w=full"``; ``depth``
     ``None`` = the bench default (a shipped drafter keeps its own)."""
     make = make or method_maker(drafter)
     spec = SpecConfig(policy=policy or default_policy(drafter), budget=nodes,
-                      depth=depth or bench.DEFAULT_DEPTH, max_new_tokens=max_new_tokens)
+                      depth=depth or methods_lib.DEFAULT_DEPTH, max_new_tokens=max_new_tokens)
     return [_cell(make, f"{drafter} w={window_label(w)}",
                   dataclasses.replace(spec, draft_window=w), depth is None) for w in windows]
 
 
 def budget_methods(drafter: str, budgets: Sequence[int], *, depth: int | None,
-                   max_new_tokens: int, make: Maker | None = None) -> list[bench.Method]:
+                   max_new_tokens: int, make: Maker | None = None) -> list[methods_lib.Method]:
     """Every fixed budget (``"block b=8"``), then the ``auto`` controller with the largest
     budget as its ceiling (``"block auto<=32"``). A block drafter's fixed cells are best-first
     trees; a tree-proposing drafter (n-gram, EAGLE-3) builds its own tree of each budget, and
     under ``auto`` the controller keeps the best-scored nodes of its largest tree."""
     make = make or method_maker(drafter)
-    spec = SpecConfig(policy=default_policy(drafter), depth=depth or bench.DEFAULT_DEPTH,
+    spec = SpecConfig(policy=default_policy(drafter), depth=depth or methods_lib.DEFAULT_DEPTH,
                       max_new_tokens=max_new_tokens)
     fixed = [_cell(make, f"{drafter} b={b}", dataclasses.replace(spec, budget=b),
                    depth is None) for b in budgets]
@@ -164,7 +117,7 @@ def budget_methods(drafter: str, budgets: Sequence[int], *, depth: int | None,
     return fixed + [auto]
 
 
-def cells_of(methods: Sequence[bench.Method]) -> list[dict[str, Any]]:
+def cells_of(methods: Sequence[methods_lib.Method]) -> list[dict[str, Any]]:
     """The grid coordinates of each method, from the spec it actually runs with."""
     return [{"method": m.name, "nodes": m.spec.budget, "depth": m.spec.depth,
              "window": m.spec.draft_window, "policy": m.spec.policy} for m in methods]
@@ -175,8 +128,8 @@ def cells_of(methods: Sequence[bench.Method]) -> list[dict[str, Any]]:
 
 def summarize_cells(turns: Sequence[dict[str, Any]], cells: Sequence[dict[str, Any]]
                     ) -> list[dict[str, Any]]:
-    """Each cell with its :func:`bench.summarize_turns` figures over ``turns``."""
-    stats = bench.summarize_turns(turns, [c["method"] for c in cells])
+    """Each cell with its :func:`summarize_turns` figures over ``turns``."""
+    stats = summarize_turns(turns, [c["method"] for c in cells])
     return [{**c, **stats[c["method"]]} for c in cells]
 
 
@@ -215,7 +168,7 @@ def compare_budgets(turns: Sequence[dict[str, Any]], cells: Sequence[dict[str, A
     rows = []
     for category in categories + [ALL_TURNS]:
         subset = [t for t in turns if category in (ALL_TURNS, t["category"])]
-        stats = bench.summarize_turns(subset, names)
+        stats = summarize_turns(subset, names)
         by_budget = [{"budget": c["nodes"], "mean_speedup": stats[c["method"]]["mean_speedup"]}
                      for c in fixed]
         best = max((b for b in by_budget if b["mean_speedup"] is not None),

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from eaglepangu_jax.training.data import atomic_write
+from eaglepangu_jax.files import atomic_write
 
 REFERENCE = "greedy"
 DPI = 120

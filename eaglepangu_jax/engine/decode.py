@@ -235,24 +235,35 @@ def _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id, 
                        verify_latency)
 
 
-def _finish(tokens: np.ndarray, prompt_len: int, num_tokens: int, spec: SpecConfig,
-            eos_id: int) -> list[int]:
+def finish_tokens(tokens: np.ndarray, prompt_len: int, num_tokens: int, spec: SpecConfig,
+                  eos_id: int) -> list[int]:
+    """The generated ids of a token buffer: past the prompt, cut at ``max_new_tokens`` and
+    after the first ``eos_id``."""
     new = tokens[prompt_len:num_tokens].tolist()[: spec.max_new_tokens]
     if eos_id in new:
         new = new[: new.index(eos_id) + 1]
     return new
 
 
-def _stats(new: list[int], state_tokens_rounds, accepted, nodes, seconds, prefill_seconds):
-    rounds = int(state_tokens_rounds)
-    accepted = tuple(int(a) for a in accepted[:rounds])
-    nodes = tuple(int(n) for n in nodes[:rounds])
-    return GenerationStats(
+def result_from_state(state: DecodeState, prompt_len: int, spec: SpecConfig, eos_id: int, *,
+                      seconds: float, prefill_seconds: float,
+                      index: int | None = None) -> GenerationResult:
+    """The :class:`GenerationResult` of a finished decode state (sequence ``index`` of a
+    batched state), counted the same way for every backend: tokens cut after eos and at
+    ``max_new_tokens``, accepted length = emitted tokens / verify rounds."""
+    pick = (lambda x: np.asarray(x)) if index is None else (lambda x: np.asarray(x)[index])
+    new = finish_tokens(pick(state.tokens), prompt_len, int(pick(state.num_tokens)), spec,
+                        eos_id)
+    rounds = int(pick(state.rounds))
+    accepted = tuple(int(a) for a in pick(state.accepted_log)[:rounds])
+    nodes = tuple(int(n) for n in pick(state.nodes_log)[:rounds])
+    stats = GenerationStats(
         new_tokens=len(new), rounds=rounds,
         accepted_length=len(new) / rounds if rounds else 0.0, seconds=seconds,
         prefill_seconds=prefill_seconds,
         tokens_per_s=len(new) / seconds if seconds > 0 else float("inf"),
         accepted_per_round=accepted, nodes_per_round=nodes)
+    return GenerationResult(tokens=new, stats=stats)
 
 
 def generate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: SpecConfig, *,
@@ -287,11 +298,8 @@ def generate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: Sp
                          batched=False, verify_latency=verify_latency)
     jax.block_until_ready(state)
     t2 = time.perf_counter()
-    tokens = np.asarray(state.tokens)
-    new = _finish(tokens, len(prompt_ids), int(state.num_tokens), spec, eos_id)
-    return GenerationResult(tokens=new, stats=_stats(
-        new, state.rounds, np.asarray(state.accepted_log), np.asarray(state.nodes_log),
-        t2 - t1, t1 - t0))
+    return result_from_state(state, len(prompt_ids), spec, eos_id, seconds=t2 - t1,
+                             prefill_seconds=t1 - t0)
 
 
 def generate_batch(teacher: Teacher, drafter: Any, prompts: Sequence[Sequence[int]],
@@ -317,14 +325,9 @@ def generate_batch(teacher: Teacher, drafter: Any, prompts: Sequence[Sequence[in
                          batched=True, verify_latency=verify_latency)
     jax.block_until_ready(state)
     t2 = time.perf_counter()
-    tokens, num = np.asarray(state.tokens), np.asarray(state.num_tokens)
-    results = []
-    for i, p in enumerate(prompts):
-        new = _finish(tokens[i], len(p), int(num[i]), spec, eos_id)
-        results.append(GenerationResult(tokens=new, stats=_stats(
-            new, state.rounds[i], np.asarray(state.accepted_log[i]),
-            np.asarray(state.nodes_log[i]), t2 - t1, t1 - t0)))
-    return results
+    return [result_from_state(state, len(p), spec, eos_id, seconds=t2 - t1,
+                              prefill_seconds=t1 - t0, index=i)
+            for i, p in enumerate(prompts)]
 
 
 SAMPLE_CHUNK = 64  # streams decoded together by sample_many (see there)
@@ -362,6 +365,6 @@ def sample_many(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec:
                             dataclasses.replace(batch, key=keys), spec, capacity, eos_id,
                             batched=True, verify_latency=verify_latency)
         tokens, num = np.asarray(done.tokens), np.asarray(done.num_tokens)
-        results += [_finish(tokens[i], len(prompt_ids), int(num[i]), spec, eos_id)
+        results += [finish_tokens(tokens[i], len(prompt_ids), int(num[i]), spec, eos_id)
                     for i in range(min(size, num_samples - begin))]
     return results

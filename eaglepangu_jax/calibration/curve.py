@@ -1,0 +1,146 @@
+"""The ``"auto"`` policy's verify-latency curve, from the saved calibration.
+
+The engine calls the controller with ``t_draft = t_other = 0`` and a ``verify_latency``
+curve, so :func:`verify_latency_curve` folds the constant overheads into every entry: adding a
+constant to every entry of the curve is exactly the same stopping rule. It also charges each
+node count the slot bucket the engine really verifies (1, 4, 16, ..., budget + 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from eaglepangu_jax import budget as budget_lib
+from eaglepangu_jax.engine import decode as gen
+from eaglepangu_jax.engine import step
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.methods import registry as methods_lib
+from eaglepangu_jax.calibration.fit import predict
+from eaglepangu_jax.calibration.store import CalibrationFileError, MachineCalibration, FIT_KEYS, MACHINE_KEYS, describe_config, timestamp, default_path, describe_machine, load_calibration, same_machine, teacher_fingerprint
+from eaglepangu_jax.models.config import LlamaConfig
+
+log = logging.getLogger(__name__)
+
+_WARNED: set[str] = set()  # drafters already reported as lacking a drafting cost
+
+
+# ----------------------------------------------------------------------------- the curve
+
+
+def verify_latency_curve(calibration: MachineCalibration, config: LlamaConfig, context: int,
+                         budget: int, *, drafter: str | None = None,
+                         bucketed: bool = True) -> Float[Array, "N+1"]:
+    """The ``verify_latency`` argument of the ``"auto"`` policy, overheads folded in.
+
+    Entry ``n`` is the predicted seconds of a round verifying the root plus ``n`` nodes:
+    the forward at the engine's slot bucket (the smallest of 1, 4, 16, ..., ``budget + 1``
+    holding ``n + 1`` slots) when ``bucketed``, over the engine's window at ``context``
+    committed tokens, plus ``t_other`` and the drafter's ``t_draft``. The controller compares
+    differences of the curve with the cost ``C(n) = t_draft + t_other + T(n)``, and the engine
+    passes ``t_draft = t_other = 0``, so folding the constants in gives exactly BASTION's rule.
+
+    Args:
+      calibration: a saved or fresh calibration for ``config``.
+      config: the teacher.
+      context: committed tokens when the curve is used (the prompt length).
+      budget: the tree budget (nodes, root excluded), ``>= 1``.
+      drafter: add this drafter's ``t_draft`` (it must have been calibrated).
+      bucketed: charge the engine's slot bucket (``False``: exactly ``n + 1`` slots).
+
+    Returns:
+      float32 ``[budget + 1]``, non-decreasing.
+
+    Raises:
+      ValueError: bad budget or context, another teacher, or an uncalibrated drafter.
+    """
+    if budget < 1 or context < 0:
+        raise ValueError(f"budget must be >= 1 and context >= 0, got {budget} and {context}")
+    if calibration.teacher != teacher_fingerprint(config, calibration.dtype):
+        raise ValueError("the calibration was measured for another teacher: "
+                         f"{describe_config(calibration.teacher_config, calibration.dtype)}")
+    t_draft = 0.0
+    if drafter is not None:
+        if drafter not in calibration.t_draft:
+            raise ValueError(f"drafter {drafter!r} was not calibrated; calibrated: "
+                             f"{sorted(calibration.t_draft) or 'none'}")
+        t_draft = calibration.t_draft[drafter]
+    slots = np.arange(1, budget + 2)
+    if bucketed:
+        sizes = np.asarray(step.slot_buckets(budget + 1))
+        slots = sizes[np.searchsorted(sizes, slots)]
+    # The engine picks one window per round, for the full tree, whatever bucket it verifies.
+    window = gen.window_for(context + budget + 1, config.max_position)
+    verify = predict(calibration, config, slots, context, window=window)
+    return jnp.asarray(verify + (calibration.t_other + t_draft), jnp.float32)
+
+
+def uncalibrated(config: LlamaConfig, dtype: str = "float32") -> MachineCalibration:
+    """The roofline at this machine class's nominal peaks, no overheads: the fallback."""
+    ideal = budget_lib.Calibration.ideal()
+    return MachineCalibration(
+        teacher=teacher_fingerprint(config, dtype), teacher_config=dataclasses.asdict(config),
+        dtype=dtype, machine=describe_machine(), date=timestamp(),
+        peak_flops=methods_lib.CPU_PEAK_FLOPS, bandwidth=methods_lib.CPU_BANDWIDTH,
+        bytes_per_param=float(np.dtype(dtype).itemsize),
+        **{k: float(getattr(ideal, k)) for k in FIT_KEYS})
+
+
+def curve_for(config: LlamaConfig, spec: SpecConfig, context: int,
+              drafter_name: str | None = None, *, path: str | os.PathLike | None = None,
+              dtype: str = "float32", bucketed: bool = True) -> Float[Array, "N+1"]:
+    """The ``[spec.budget + 1]`` verify-latency curve for a run, from the saved calibration.
+
+    Uses the calibration at ``path`` (default: :func:`default_path`) when it exists, is
+    readable, belongs to this teacher and was measured on this kind of machine; otherwise the
+    uncalibrated roofline (:func:`uncalibrated`), with a logged warning saying why. A drafter
+    the calibration did not time adds no drafting cost (also logged).
+    """
+    target = Path(path) if path is not None else default_path()
+    calibration = None
+    try:
+        calibration = load_calibration(target, config=config, dtype=dtype)
+    except FileNotFoundError:
+        log.info("no calibration at %s: using the uncalibrated roofline", target)
+    except (OSError, CalibrationFileError) as err:
+        log.warning("%s: using the uncalibrated roofline", err)
+    if calibration is not None and not same_machine(calibration):
+        log.warning("calibration %s was measured on another machine (%s): using the "
+                    "uncalibrated roofline", target,
+                    ", ".join(str(calibration.machine.get(k)) for k in MACHINE_KEYS))
+        calibration = None
+    if calibration is None:
+        calibration = uncalibrated(config, dtype)
+    if drafter_name is not None and drafter_name not in calibration.t_draft:
+        if calibration.samples and drafter_name not in _WARNED:
+            _WARNED.add(drafter_name)  # once per process: this runs for every generation
+            log.warning("drafter %r has no calibrated drafting cost: counting none",
+                        drafter_name)
+        drafter_name = None
+    return verify_latency_curve(calibration, config, context, spec.budget,
+                                drafter=drafter_name, bucketed=bucketed)
+
+
+def auto_verify_latency(config: LlamaConfig, spec: SpecConfig, context: int,
+                        drafter_name: str | None = None) -> Any:
+    """The verify-latency curve the ``"auto"`` policy needs (``None`` for other policies):
+    this machine's saved calibration (``eaglepangu calibrate``) at ``context`` cached tokens,
+    with ``drafter_name``'s drafting cost folded in; the uncalibrated roofline of this machine
+    class when there is no usable calibration (see :func:`curve_for`).
+    """
+    if spec.policy != "auto":
+        return None
+    return curve_for(config, spec, context, drafter_name)
+
+
+def method_verify_latency(config: LlamaConfig, method: methods_lib.Method, context: int) -> Any:
+    """:func:`auto_verify_latency` for ``method`` (its drafter's cost included)."""
+    return auto_verify_latency(config, method.spec, context,
+                               getattr(method.drafter, "name", None))

@@ -1,0 +1,37 @@
+"""The speculative decoding engine: one round as a pure function, the on-device loop, and
+``generate`` on top.
+
+* :class:`SpecConfig`: the frozen settings of a run (tree policy, budget, acceptance).
+* :class:`Teacher`: a model config plus its prepared parameters.
+* :func:`generate`, :func:`generate_batch`, :func:`sample_many`: decoding entry points.
+* :class:`Drafter`, :class:`DraftContext`, :class:`Proposal`: the drafter protocol.
+"""
+
+from eaglepangu_jax.engine.config import POLICIES, SpecConfig
+from eaglepangu_jax.engine.drafter import DraftContext, Drafter, Proposal
+from eaglepangu_jax.engine.decode import (
+    GenerationResult,
+    GenerationStats,
+    Teacher,
+    generate,
+    generate_batch,
+    result_from_state,
+    sample_many,
+)
+from eaglepangu_jax.engine.state import DecodeState
+
+__all__ = [
+    "POLICIES",
+    "DecodeState",
+    "DraftContext",
+    "Drafter",
+    "GenerationResult",
+    "GenerationStats",
+    "Proposal",
+    "SpecConfig",
+    "Teacher",
+    "generate",
+    "generate_batch",
+    "result_from_state",
+    "sample_many",
+]

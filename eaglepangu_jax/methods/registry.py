@@ -1,0 +1,155 @@
+"""Decoding methods by name: greedy, the drafters, and peer implementations.
+
+A :class:`Method` is what the benchmark, the calibration and the experiments run: a drafter
+for the JAX engine with its :class:`~eaglepangu_jax.engine.config.SpecConfig`, or a peer
+runner that decodes outside the engine (transformers, for side-by-side figures). The names
+come from the drafter registry (:mod:`eaglepangu_jax.drafters.registry`) plus ``greedy``
+and the peers, listed once here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol, Sequence
+
+from eaglepangu_jax.drafters.registry import (
+    MARGINAL,
+    NAMES as DRAFTER_NAMES,
+    DrafterUnavailableError,
+    configure_drafter,
+    load_shipped,
+    make_drafter,
+)
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.decode import GenerationResult
+from eaglepangu_jax.methods import peers
+
+__all__ = ["REFERENCE", "PEER_METHODS", "METHODS", "DEFAULT_BUDGET", "DEFAULT_DEPTH",
+           "CPU_PEAK_FLOPS", "CPU_BANDWIDTH", "DrafterUnavailableError", "PeerRunner",
+           "Method", "parse_methods", "load_eagle3", "load_block", "make_method"]
+
+REFERENCE = "greedy"
+# Peers: other implementations decoding the same GGUF file, run beside ours; the value is the
+# prompt-lookup candidate count (None: plain greedy).
+PEER_METHODS = {"transformers-greedy": None, "transformers-pld": peers.PROMPT_LOOKUP_TOKENS}
+METHODS = (REFERENCE, *DRAFTER_NAMES, *PEER_METHODS)
+DEFAULT_BUDGET = 8  # tree nodes; the seeds' M = 16 verifies too slowly on 2 CPU cores
+DEFAULT_DEPTH = 6  # deepest draft node
+# Rough figures of a 2-core CPU host (f32 matmul throughput, memory read bandwidth) for the
+# uncalibrated roofline the "auto" policy needs when no calibration is given.
+CPU_PEAK_FLOPS = 165e9
+CPU_BANDWIDTH = 24e9
+
+
+class PeerRunner(Protocol):
+    """Runs a method outside the JAX engine (see :mod:`eaglepangu_jax.methods.peers`)."""
+
+    def __call__(self, prompt_ids: Sequence[int], spec: SpecConfig, *,
+                 eos_id: int) -> GenerationResult:
+        """Generate for ``prompt_ids``, counted like :func:`generate`: the generated ids, one
+        round per teacher forward, decode seconds apart from the prefill."""
+
+    def describe(self) -> dict[str, Any]:
+        """The runner's settings in effect (JSON-ready), for the report."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Method:
+    """One decoding method and its run settings: a drafter for the JAX engine (``None`` for
+    greedy), or a ``runner`` that decodes instead of the engine (a peer implementation)."""
+
+    name: str
+    spec: SpecConfig
+    drafter: Any = None
+    draft_params: Any = None
+    runner: PeerRunner | None = None
+
+
+def parse_methods(text: str | Sequence[str]) -> tuple[str, ...]:
+    """Method names from ``"greedy,ngram"``, greedy first (added if missing).
+
+    Raises:
+      ValueError: an unknown or repeated name, or an empty list.
+    """
+    names = [n.strip() for n in text.split(",")] if isinstance(text, str) else list(text)
+    names = [n for n in names if n]
+    if not names:
+        raise ValueError(f"no methods given; known methods: {', '.join(METHODS)}")
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; known methods: {', '.join(METHODS)}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"method(s) {repeated} given more than once")
+    return (REFERENCE,) + tuple(n for n in names if n != REFERENCE)
+
+
+def load_eagle3() -> tuple[Any, Any]:
+    """The shipped EAGLE-3 drafter and its weights (see :func:`load_shipped`)."""
+    return load_shipped("eagle3")
+
+
+def load_block(*, budget: int = DEFAULT_BUDGET) -> tuple[Any, Any]:
+    """The shipped block drafter at its trained depth, and its weights (see
+    :func:`load_shipped`)."""
+    return load_shipped("block", budget=budget)
+
+
+def make_method(name: str, spec: SpecConfig, *, default_depth: bool = False,
+                eagle3_loader: Callable[[], tuple[Any, Any]] | None = None,
+                torch_threads: int | None = None) -> Method:
+    """Build a benchmark method; ``spec``'s budget and depth configure the drafter.
+
+    Args:
+      name: one of :data:`METHODS`.
+      spec: the run settings. The block drafter proposes marginals, not a tree: under the
+        default ``"drafter"`` policy it runs ``"auto"`` (best-first, roofline-sized trees).
+      default_depth: ``spec.depth`` is a default the user did not choose: a shipped drafter
+        keeps the depth it comes with (EAGLE-3's head was trained for its own), and a drafter
+        whose maximum is lower lowers it, instead of failing.
+      eagle3_loader: returns the EAGLE-3 ``(drafter, params)`` (default: :func:`load_eagle3`).
+      torch_threads: torch's threads for the transformers peers (``None``: torch's default;
+        see :class:`~eaglepangu_jax.methods.peers.TransformersPeer`).
+
+    Raises:
+      ValueError: unknown name, or a depth above the drafter's maximum.
+      DrafterUnavailableError: a shipped drafter was asked for and cannot be loaded, or a peer
+        whose packages are not installed.
+    """
+    if name == REFERENCE:
+        return Method(name=name, spec=spec)
+    if name in PEER_METHODS:
+        return _peer_method(name, spec, torch_threads)
+    if name == "ngram":
+        drafter, params = make_drafter("ngram", depth=spec.depth, budget=spec.budget), None
+    elif name in ("eagle3", "block"):
+        if name == "eagle3":
+            drafter, params = (eagle3_loader or load_eagle3)()
+        else:
+            drafter, params = load_block(budget=spec.budget)
+        if name in MARGINAL and spec.policy == "drafter":
+            spec = dataclasses.replace(spec, policy="auto")
+        if default_depth:
+            spec = dataclasses.replace(spec, depth=drafter.max_depth)
+        drafter = configure_drafter(drafter, budget=spec.budget, depth=spec.depth)
+    else:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
+    if spec.depth > drafter.max_depth:
+        if not default_depth:
+            raise ValueError(f"depth {spec.depth} is above the {name} drafter's maximum "
+                             f"{drafter.max_depth}")
+        spec = dataclasses.replace(spec, depth=drafter.max_depth)
+        drafter = configure_drafter(drafter, budget=spec.budget, depth=spec.depth)
+    return Method(name=name, spec=spec, drafter=drafter, draft_params=params)
+
+
+def _peer_method(name: str, spec: SpecConfig, torch_threads: int | None) -> Method:
+    try:
+        peers.check_reference_stack()
+    except peers.ReferenceStackMissingError as err:
+        raise DrafterUnavailableError(f"{name}: {err}") from None
+    if spec.sampling:
+        raise ValueError(f"{name} decodes greedily; it cannot run a sampling spec")
+    runner = peers.TransformersPeer(prompt_lookup=PEER_METHODS[name],
+                                    torch_threads=torch_threads)
+    return Method(name=name, spec=spec, runner=runner)
