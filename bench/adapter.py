@@ -31,11 +31,11 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from eaglepangu_jax.evaluation import suites
-from eaglepangu_jax.evaluation.run import CompileWatch
 from eaglepangu_jax.drafters.ngram import NGramDrafter
 from eaglepangu_jax.engine import decode as engine
 from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.evaluation import suites
+from eaglepangu_jax.evaluation.run import CompileWatch
 from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
 from npu_backend import bridge
 from npu_backend.device import select_device
@@ -62,9 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(args.prompts)
     rows = [run_prompt(methods, prompt) for prompt in prompts]
     report = {
-        "device": device, "attention_impl": model.attention_impl,
-        "new_tokens": args.new_tokens, "budget": args.budget, "depth": args.depth,
-        "prompts": rows, "summary": summarize(rows, list(methods)),
+        "device": device,
+        "attention_impl": model.attention_impl,
+        "new_tokens": args.new_tokens,
+        "budget": args.budget,
+        "depth": args.depth,
+        "prompts": rows,
+        "summary": summarize(rows, list(methods)),
         "bridge": bridge_overhead(config, spec, rows),
     }
     print(format_report(report))
@@ -73,8 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def make_methods(teacher: engine.Teacher, model: TorchLlama, drafter: NGramDrafter,
-                 spec: SpecConfig, *, branches: bool) -> dict[str, Callable]:
+def make_methods(
+    teacher: engine.Teacher,
+    model: TorchLlama,
+    drafter: NGramDrafter,
+    spec: SpecConfig,
+    *,
+    branches: bool,
+) -> dict[str, Callable]:
     """Name -> ``prompt_ids -> GenerationResult``."""
     methods = {
         "jax/greedy": lambda p: engine.generate(teacher, None, p, spec),
@@ -83,8 +93,9 @@ def make_methods(teacher: engine.Teacher, model: TorchLlama, drafter: NGramDraft
         "torch/ngram": lambda p: generate_torch(model, drafter, p, spec),
     }
     if branches:
-        methods["torch/ngram-branches"] = lambda p: generate_torch(model, drafter, p, spec,
-                                                                    mode="branches")
+        methods["torch/ngram-branches"] = lambda p: generate_torch(
+            model, drafter, p, spec, mode="branches"
+        )
     return methods
 
 
@@ -92,9 +103,13 @@ def load_prompts(count: int) -> list[dict[str, Any]]:
     """The first ``count`` HumanEval turns under the chat template."""
     tok = tokenizer.load_tokenizer()
     turns = list(suites.iter_turns(suites.load_suite("humaneval")))[:count]
-    return [{"id": t.conversation_id,
-             "ids": chat.encode_chat(tok, [{"role": "user", "content": t.text}])}
-            for t in turns]
+    return [
+        {
+            "id": t.conversation_id,
+            "ids": chat.encode_chat(tok, [{"role": "user", "content": t.text}]),
+        }
+        for t in turns
+    ]
 
 
 def steady_run(method: Callable, prompt_ids: list[int]) -> engine.GenerationResult:
@@ -116,16 +131,26 @@ def run_prompt(methods: dict[str, Callable], prompt: dict[str, Any]) -> dict[str
         result = steady_run(method, prompt["ids"])
         outputs[name] = result.tokens
         s = result.stats
-        row[name] = {"tokens_per_s": s.tokens_per_s, "new_tokens": s.new_tokens,
-                     "rounds": s.rounds, "accepted_length": s.accepted_length,
-                     "seconds": s.seconds, "prefill_seconds": s.prefill_seconds}
-        print(f"  {prompt['id']:<14} {name:<22} {s.tokens_per_s:7.2f} tok/s  "
-              f"AAL {s.accepted_length:4.2f}", file=sys.stderr, flush=True)
+        row[name] = {
+            "tokens_per_s": s.tokens_per_s,
+            "new_tokens": s.new_tokens,
+            "rounds": s.rounds,
+            "accepted_length": s.accepted_length,
+            "seconds": s.seconds,
+            "prefill_seconds": s.prefill_seconds,
+        }
+        print(
+            f"  {prompt['id']:<14} {name:<22} {s.tokens_per_s:7.2f} tok/s  "
+            f"AAL {s.accepted_length:4.2f}",
+            file=sys.stderr,
+            flush=True,
+        )
     reference = outputs["jax/greedy"]
     row["same_tokens"] = all(tokens == reference for tokens in outputs.values())
     for fw in FRAMEWORKS:
-        row[f"{fw}/speedup"] = row[f"{fw}/ngram"]["tokens_per_s"] / \
-            row[f"{fw}/greedy"]["tokens_per_s"]
+        row[f"{fw}/speedup"] = (
+            row[f"{fw}/ngram"]["tokens_per_s"] / row[f"{fw}/greedy"]["tokens_per_s"]
+        )
     return row
 
 
@@ -133,14 +158,17 @@ def summarize(rows: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
     """Means over prompts."""
     out: dict[str, Any] = {}
     for name in names:
-        out[name] = {key: statistics.mean(r[name][key] for r in rows)
-                     for key in ("tokens_per_s", "accepted_length")}
+        out[name] = {
+            key: statistics.mean(r[name][key] for r in rows)
+            for key in ("tokens_per_s", "accepted_length")
+        }
     for fw in FRAMEWORKS:
         out[f"{fw}/speedup"] = statistics.mean(r[f"{fw}/speedup"] for r in rows)
     if "torch/ngram-branches" in names:
         out["torch/branches_speedup"] = statistics.mean(
             r["torch/ngram-branches"]["tokens_per_s"] / r["torch/greedy"]["tokens_per_s"]
-            for r in rows)
+            for r in rows
+        )
     out["same_tokens"] = all(r["same_tokens"] for r in rows)
     return out
 
@@ -152,40 +180,59 @@ def bridge_overhead(config, spec: SpecConfig, rows: list[dict[str, Any]]) -> dic
     window = engine.MIN_WINDOW
     logits = bridge.measure_roundtrip_overhead((n, config.vocab_size), dtype=jnp.float32)
     mask = bridge.measure_roundtrip_overhead((n, window), dtype=jnp.bool_)
-    per_round = statistics.mean(r["torch/ngram"]["seconds"] / r["torch/ngram"]["rounds"]
-                                for r in rows)
-    return {"logits_roundtrip_s": logits, "mask_roundtrip_s": mask,
-            "per_step_s": logits + mask, "torch_ngram_round_s": per_round,
-            "share_of_round": (logits + mask) / per_round}
+    per_round = statistics.mean(
+        r["torch/ngram"]["seconds"] / r["torch/ngram"]["rounds"] for r in rows
+    )
+    return {
+        "logits_roundtrip_s": logits,
+        "mask_roundtrip_s": mask,
+        "per_step_s": logits + mask,
+        "torch_ngram_round_s": per_round,
+        "share_of_round": (logits + mask) / per_round,
+    }
 
 
 def format_report(report: dict[str, Any]) -> str:
     summary = report["summary"]
     names = [k for k in summary if "/" in k and isinstance(summary[k], dict)]
-    lines = [f"device {report['device']} ({report['attention_impl']}), "
-             f"{report['new_tokens']} new tokens, budget {report['budget']}, "
-             f"depth {report['depth']}", "",
-             "| prompt | " + " | ".join(names) + " | jax speed-up | torch speed-up | same |",
-             "|---" * (len(names) + 4) + "|"]
+    lines = [
+        f"device {report['device']} ({report['attention_impl']}), "
+        f"{report['new_tokens']} new tokens, budget {report['budget']}, "
+        f"depth {report['depth']}",
+        "",
+        "| prompt | " + " | ".join(names) + " | jax speed-up | torch speed-up | same |",
+        "|---" * (len(names) + 4) + "|",
+    ]
     for r in report["prompts"]:
         cells = [f"{r[n]['tokens_per_s']:.1f} ({r[n]['accepted_length']:.2f})" for n in names]
-        lines.append(f"| {r['id']} | " + " | ".join(cells) +
-                     f" | {r['jax/speedup']:.2f}x | {r['torch/speedup']:.2f}x | "
-                     f"{'yes' if r['same_tokens'] else 'NO'} |")
-    cells = [f"{summary[n]['tokens_per_s']:.1f} ({summary[n]['accepted_length']:.2f})"
-             for n in names]
-    lines.append("| mean | " + " | ".join(cells) + f" | {summary['jax/speedup']:.2f}x | "
-                 f"{summary['torch/speedup']:.2f}x | "
-                 f"{'yes' if summary['same_tokens'] else 'NO'} |")
+        lines.append(
+            f"| {r['id']} | "
+            + " | ".join(cells)
+            + f" | {r['jax/speedup']:.2f}x | {r['torch/speedup']:.2f}x | "
+            f"{'yes' if r['same_tokens'] else 'NO'} |"
+        )
+    cells = [
+        f"{summary[n]['tokens_per_s']:.1f} ({summary[n]['accepted_length']:.2f})" for n in names
+    ]
+    lines.append(
+        "| mean | " + " | ".join(cells) + f" | {summary['jax/speedup']:.2f}x | "
+        f"{summary['torch/speedup']:.2f}x | "
+        f"{'yes' if summary['same_tokens'] else 'NO'} |"
+    )
     b = report["bridge"]
-    lines += ["", "cells: decode tokens/s (accepted length per round)",
-              f"bridge round trip per step: logits {1e6 * b['logits_roundtrip_s']:.0f} us + "
-              f"mask {1e6 * b['mask_roundtrip_s']:.0f} us = {1e3 * b['per_step_s']:.3f} ms, "
-              f"{100 * b['share_of_round']:.2f}% of a torch n-gram round "
-              f"({1e3 * b['torch_ngram_round_s']:.1f} ms)"]
+    lines += [
+        "",
+        "cells: decode tokens/s (accepted length per round)",
+        f"bridge round trip per step: logits {1e6 * b['logits_roundtrip_s']:.0f} us + "
+        f"mask {1e6 * b['mask_roundtrip_s']:.0f} us = {1e3 * b['per_step_s']:.3f} ms, "
+        f"{100 * b['share_of_round']:.2f}% of a torch n-gram round "
+        f"({1e3 * b['torch_ngram_round_s']:.1f} ms)",
+    ]
     if "torch/branches_speedup" in summary:
-        lines.append(f"torch branches mode speed-up over torch greedy: "
-                     f"{summary['torch/branches_speedup']:.2f}x")
+        lines.append(
+            f"torch branches mode speed-up over torch greedy: "
+            f"{summary['torch/branches_speedup']:.2f}x"
+        )
     return "\n".join(lines)
 
 
@@ -208,10 +255,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--budget", type=int, default=16, help="tree nodes per round")
     p.add_argument("--depth", type=int, default=8, help="deepest draft node")
-    p.add_argument("--device", default=None,
-                   help="torch device (default: EAGLEPANGU_DEVICE, else auto)")
-    p.add_argument("--torch-threads", type=int, default=0,
-                   help="torch intra-op threads (default: torch's own choice)")
+    p.add_argument(
+        "--device", default=None, help="torch device (default: EAGLEPANGU_DEVICE, else auto)"
+    )
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads (default: torch's own choice)",
+    )
     p.add_argument("--no-branches", action="store_true", help="skip branches mode")
     p.add_argument("--json", help="write the results here (atomically)")
     return p.parse_args(argv)

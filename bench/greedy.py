@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_greedy:
         result["greedy"] = _greedy_rows(args, config, params)
     if args.verify_curve:
-        result["verify_curve"] = verify_curve(params, config, args.contexts, args.nodes,
-                                              args.repeats_verify)
+        result["verify_curve"] = verify_curve(
+            params, config, args.contexts, args.nodes, args.repeats_verify
+        )
     result["load_average_end"] = os.getloadavg()[0]
     _print_report(result)
     if args.json:
@@ -85,11 +86,13 @@ def _greedy_rows(args, config, params) -> list[dict]:
         _hf_generate(model, ids, args.new_tokens, config.eos_id)
         jax_times, hf_times, jax_pre, hf_pre = [], [], [], []
         for _ in range(args.repeats):
-            jax_pre.append(_timed(lambda: _jax_prefill(params, config, ids, args.new_tokens)))
+            jax_pre.append(
+                _timed(lambda ids=ids: _jax_prefill(params, config, ids, args.new_tokens))
+            )
             t0 = time.perf_counter()
             ours = _jax_generate(params, config, ids, args.new_tokens)
             jax_times.append(time.perf_counter() - t0)
-            hf_pre.append(_timed(lambda: _hf_generate(model, ids, 1, config.eos_id)))
+            hf_pre.append(_timed(lambda ids=ids: _hf_generate(model, ids, 1, config.eos_id)))
             t0 = time.perf_counter()
             theirs = _hf_generate(model, ids, args.new_tokens, config.eos_id)
             hf_times.append(time.perf_counter() - t0)
@@ -97,27 +100,31 @@ def _greedy_rows(args, config, params) -> list[dict]:
         jax_t, hf_t = min(jax_times), min(hf_times)
         jax_step = (jax_t - min(jax_pre)) / max(n - 1, 1)
         hf_step = (hf_t - min(hf_pre)) / max(n - 1, 1)
-        rows.append({
-            "prompt": name,
-            "prompt_tokens": len(ids),
-            "new_tokens": n,
-            "jax_tokens_per_s": n / jax_t,
-            "hf_tokens_per_s": n / hf_t,
-            "ratio": hf_t / jax_t,
-            "jax_decode_ms": 1e3 * jax_step,
-            "hf_decode_ms": 1e3 * hf_step,
-            "same_tokens_until_eos": _same_until_eos(ours, theirs, config.eos_id),
-        })
-        print(f"  {name}: jax {n / jax_t:.1f} tok/s, transformers {n / hf_t:.1f} tok/s",
-              file=sys.stderr)
+        rows.append(
+            {
+                "prompt": name,
+                "prompt_tokens": len(ids),
+                "new_tokens": n,
+                "jax_tokens_per_s": n / jax_t,
+                "hf_tokens_per_s": n / hf_t,
+                "ratio": hf_t / jax_t,
+                "jax_decode_ms": 1e3 * jax_step,
+                "hf_decode_ms": 1e3 * hf_step,
+                "same_tokens_until_eos": _same_until_eos(ours, theirs, config.eos_id),
+            }
+        )
+        print(
+            f"  {name}: jax {n / jax_t:.1f} tok/s, transformers {n / hf_t:.1f} tok/s",
+            file=sys.stderr,
+        )
     return rows
 
 
 def verify_curve(params, config, contexts, nodes, repeats) -> list[dict]:
     """Milliseconds of one verify forward over ``N`` nodes after ``c`` committed tokens.
 
-    Timed by :func:`eaglepangu_jax.calibration.measure.measure_grid`: the engine's own verify forward,
-    every point compiled first, then timed round-robin (so that load from other processes
+    Timed by :func:`eaglepangu_jax.calibration.measure.measure_grid`: the engine's own verify
+    forward, every point compiled first, then timed round-robin (so that load from other processes
     biases no single ``N``) and the median of ``repeats`` runs kept.
     """
     samples = measure_grid(Teacher(config, params), nodes, contexts, repeats)
@@ -125,8 +132,15 @@ def verify_curve(params, config, contexts, nodes, repeats) -> list[dict]:
     for c in contexts:
         base = next(x.seconds for x in samples if x.context == c and x.slots == nodes[0])
         for x in (x for x in samples if x.context == c):
-            rows.append({"context": c, "nodes": x.slots, "window": x.window,
-                         "ms": 1e3 * x.seconds, "relative": x.seconds / base})
+            rows.append(
+                {
+                    "context": c,
+                    "nodes": x.slots,
+                    "window": x.window,
+                    "ms": 1e3 * x.seconds,
+                    "relative": x.seconds / base,
+                }
+            )
         print(f"  verify curve, context {c}: done", file=sys.stderr)
     return rows
 
@@ -147,14 +161,17 @@ def _jax_generate(params, config, ids, new_tokens):
 def _prompts(n_mtbench: int, n_humaneval: int) -> list[tuple[str, list[int]]]:
     tok = tokenizer.load_tokenizer()
     chosen = suites.load_suite("mtbench")[:n_mtbench] + suites.load_suite("humaneval")[:n_humaneval]
-    return [(f"{c.category}:{c.id}", chat.encode_chat(tok, [{"role": "user", "content": c.turns[0]}]))
-            for c in chosen]
+    return [
+        (f"{c.category}:{c.id}", chat.encode_chat(tok, [{"role": "user", "content": c.turns[0]}]))
+        for c in chosen
+    ]
 
 
 def _hf_generate(model, ids, new_tokens, eos_id) -> list[int]:
     # Forced to the full length (eos suppressed): both sides time the same token count.
-    return peers.transformers_generate(model, ids, max_new_tokens=new_tokens, eos_id=eos_id,
-                                       force_length=True).tokens
+    return peers.transformers_generate(
+        model, ids, max_new_tokens=new_tokens, eos_id=eos_id, force_length=True
+    ).tokens
 
 
 def _same_until_eos(ours, theirs, eos_id) -> bool:
@@ -172,23 +189,30 @@ def _timed(fn) -> float:
 
 def _print_report(result: dict) -> None:
     floor = result["floor_ms_per_token"]
-    print(f"\nload average {result['load_average_start']:.1f} -> "
-          f"{result['load_average_end']:.1f}; "
-          f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s, weights streamed per token "
-          f"{result['weight_bytes'] / 1e6:.0f} MB, floor {floor:.1f} ms/token")
+    print(
+        f"\nload average {result['load_average_start']:.1f} -> "
+        f"{result['load_average_end']:.1f}; "
+        f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s, weights streamed per token "
+        f"{result['weight_bytes'] / 1e6:.0f} MB, floor {floor:.1f} ms/token"
+    )
     if "greedy" in result:
-        print("\n| prompt | P | new | JAX tok/s | HF tok/s | ratio | JAX ms/tok | HF ms/tok "
-              "| floor frac | same |")
+        print(
+            "\n| prompt | P | new | JAX tok/s | HF tok/s | ratio | JAX ms/tok | HF ms/tok "
+            "| floor frac | same |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for r in result["greedy"]:
-            print(f"| {r['prompt']} | {r['prompt_tokens']} | {r['new_tokens']} "
-                  f"| {r['jax_tokens_per_s']:.1f} | {r['hf_tokens_per_s']:.1f} "
-                  f"| {r['ratio']:.2f} | {r['jax_decode_ms']:.1f} | {r['hf_decode_ms']:.1f} "
-                  f"| {floor / r['jax_decode_ms']:.2f} | {r['same_tokens_until_eos']} |")
+            print(
+                f"| {r['prompt']} | {r['prompt_tokens']} | {r['new_tokens']} "
+                f"| {r['jax_tokens_per_s']:.1f} | {r['hf_tokens_per_s']:.1f} "
+                f"| {r['ratio']:.2f} | {r['jax_decode_ms']:.1f} | {r['hf_decode_ms']:.1f} "
+                f"| {floor / r['jax_decode_ms']:.2f} | {r['same_tokens_until_eos']} |"
+            )
         jax_total = statistics.mean(r["jax_tokens_per_s"] for r in result["greedy"])
         hf_total = statistics.mean(r["hf_tokens_per_s"] for r in result["greedy"])
-        print(f"| mean | | | {jax_total:.1f} | {hf_total:.1f} | {jax_total / hf_total:.2f} "
-              "| | | | |")
+        print(
+            f"| mean | | | {jax_total:.1f} | {hf_total:.1f} | {jax_total / hf_total:.2f} | | | | |"
+        )
     if "verify_curve" in result:
         contexts = sorted({r["context"] for r in result["verify_curve"]})
         nodes = sorted({r["nodes"] for r in result["verify_curve"]})
@@ -197,8 +221,13 @@ def _print_report(result: dict) -> None:
         print("| context | " + " | ".join(f"N={n}" for n in nodes) + " |")
         print("|---" * (len(nodes) + 1) + "|")
         for c in contexts:
-            print(f"| {c} | " + " | ".join(
-                f"{cell[c, n]['ms']:.1f} ({cell[c, n]['relative']:.2f}x)" for n in nodes) + " |")
+            print(
+                f"| {c} | "
+                + " | ".join(
+                    f"{cell[c, n]['ms']:.1f} ({cell[c, n]['relative']:.2f}x)" for n in nodes
+                )
+                + " |"
+            )
 
 
 def _write_json(path: str, result: dict) -> None:

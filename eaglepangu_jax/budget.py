@@ -56,8 +56,9 @@ class Roofline:
                 raise ValueError(f"Roofline.{f.name} must be > 0, got {getattr(self, f.name)}")
 
     @classmethod
-    def for_llama(cls, config: Any, *, peak_flops: float, bandwidth: float,
-                  bytes_per_param: float = 4) -> "Roofline":
+    def for_llama(
+        cls, config: Any, *, peak_flops: float, bandwidth: float, bytes_per_param: float = 4
+    ) -> "Roofline":
         """The roofline of a Llama-style config on hardware with the given peaks.
 
         ``config`` is any object with ``num_layers``, ``hidden_size``, ``q_width``,
@@ -65,10 +66,17 @@ class Roofline:
         :class:`~eaglepangu_jax.models.config.LlamaConfig`); the core does not import the
         models layer.
         """
-        return cls(num_layers=config.num_layers, hidden=config.hidden_size,
-                   q_width=config.q_width, kv_width=config.kv_width,
-                   ffn=config.intermediate_size, vocab=config.vocab_size,
-                   bytes_per_param=bytes_per_param, peak_flops=peak_flops, bandwidth=bandwidth)
+        return cls(
+            num_layers=config.num_layers,
+            hidden=config.hidden_size,
+            q_width=config.q_width,
+            kv_width=config.kv_width,
+            ffn=config.intermediate_size,
+            vocab=config.vocab_size,
+            bytes_per_param=bytes_per_param,
+            peak_flops=peak_flops,
+            bandwidth=bandwidth,
+        )
 
     def flops(self, s: Scalar, c: Scalar) -> Float[Array, "..."]:
         """FLOPs of one forward over ``s`` new tokens attending to ``c`` cached ones.
@@ -78,8 +86,9 @@ class Roofline:
         """
         s, c = _f32(s), _f32(c)
         h, hq, hkv, f = self.hidden, self.q_width, self.kv_width, self.ffn
-        per_layer = (2 * s * h * hq + 4 * s * h * hkv + 4 * s * (c + s) * hq
-                     + 2 * s * hq * h + 6 * s * h * f)
+        per_layer = (
+            2 * s * h * hq + 4 * s * h * hkv + 4 * s * (c + s) * hq + 2 * s * hq * h + 6 * s * h * f
+        )
         return self.num_layers * per_layer + 2 * s * h * self.vocab
 
     def bytes(self, s: Scalar, c: Scalar) -> Float[Array, "..."]:
@@ -95,8 +104,14 @@ class Roofline:
         what they cost.
         """
         s, c = _f32(s), _f32(c)
-        h, hq, hkv, f, v, L = (self.hidden, self.q_width, self.kv_width, self.ffn, self.vocab,
-                               self.num_layers)
+        h, hq, hkv, f, v, L = (
+            self.hidden,
+            self.q_width,
+            self.kv_width,
+            self.ffn,
+            self.vocab,
+            self.num_layers,
+        )
         b = self.bytes_per_param
         weights = b * (2 * v * h + L * (2 * h * hq + 2 * h * hkv + 3 * h * f))
         kv = b * L * (2 * c * hkv + 2 * s * hkv)
@@ -140,8 +155,9 @@ def _branches(roofline, calib, s, c):
     return calib.a_c * x_c + calib.b_c, calib.a_m * x_m + calib.b_m
 
 
-def verify_latencies(roofline: Roofline, calib: Calibration, context: Scalar, *,
-                     max_nodes: int) -> Float[Array, "N+1"]:
+def verify_latencies(
+    roofline: Roofline, calib: Calibration, context: Scalar, *, max_nodes: int
+) -> Float[Array, " N+1"]:
     """``[max_nodes + 1]`` table: entry ``n`` = verifying the root plus ``n`` nodes.
 
     This is the ``verify_latency`` argument of :func:`choose_budget`.
@@ -181,8 +197,12 @@ def _fit_split(x_c, x_m, t, is_compute):
     return (a_c, b_c, a_m, b_m), sse, pred_c > pred_m
 
 
-def calibrate(roofline: Roofline, samples: Iterable[tuple[float, float, float]] | ArrayLike,
-              *, max_iters: int = 50) -> Calibration:
+def calibrate(
+    roofline: Roofline,
+    samples: Iterable[tuple[float, float, float]] | ArrayLike,
+    *,
+    max_iters: int = 50,
+) -> Calibration:
     """Fit ``a_c, b_c, a_m, b_m >= 0`` to measured ``(s, c, seconds)`` points (host, numpy).
 
     ``max(line_c, line_m)`` is fitted by assigning each point to the branch that binds there
@@ -231,8 +251,8 @@ def calibrate(roofline: Roofline, samples: Iterable[tuple[float, float, float]] 
 
 
 def choose_budget(
-    sorted_logscores: Float[ArrayLike, "N"],
-    verify_latency: Float[ArrayLike, "N+1"],
+    sorted_logscores: Float[ArrayLike, " N"],
+    verify_latency: Float[ArrayLike, " N+1"],
     t_draft: Scalar,
     t_other: Scalar,
 ) -> Int[Array, ""]:
@@ -257,8 +277,10 @@ def choose_budget(
     logs = jnp.asarray(sorted_logscores, jnp.float32)
     verify = jnp.asarray(verify_latency, jnp.float32)
     if logs.ndim != 1 or verify.shape != (logs.shape[0] + 1,):
-        raise ValueError(f"verify_latency must have shape [N + 1] = ({logs.shape[-1] + 1},) "
-                         f"for N = {logs.shape[-1]} scores, got {verify.shape}")
+        raise ValueError(
+            f"verify_latency must have shape [N + 1] = ({logs.shape[-1] + 1},) "
+            f"for N = {logs.shape[-1]} scores, got {verify.shape}"
+        )
     rho = jnp.exp(jnp.where(jnp.isnan(logs), -jnp.inf, logs))
     accept = jnp.concatenate([jnp.ones((1,), jnp.float32), 1.0 + jnp.cumsum(rho)])
     cost = _f32(t_draft) + _f32(t_other) + verify
@@ -293,8 +315,9 @@ class OnlineCalibration:
     def create(cls, roofline: Roofline, calib: Calibration) -> "OnlineCalibration":
         """Start with no correction (both scales 1)."""
         one, zero = jnp.float32(1.0), jnp.int32(0)
-        return cls(roofline=roofline, calib=calib, scale_c=one, scale_m=one,
-                   count_c=zero, count_m=zero)
+        return cls(
+            roofline=roofline, calib=calib, scale_c=one, scale_m=one, count_c=zero, count_m=zero
+        )
 
 
 def corrected_latency(state: OnlineCalibration, s: Scalar, c: Scalar) -> Float[Array, "..."]:
@@ -303,8 +326,9 @@ def corrected_latency(state: OnlineCalibration, s: Scalar, c: Scalar) -> Float[A
     return jnp.maximum(state.scale_c * compute, state.scale_m * memory)
 
 
-def observe(state: OnlineCalibration, s: Scalar, c: Scalar, seconds: Scalar,
-            decay: Scalar = 0.9) -> OnlineCalibration:
+def observe(
+    state: OnlineCalibration, s: Scalar, c: Scalar, seconds: Scalar, decay: Scalar = 0.9
+) -> OnlineCalibration:
     """Fold one measured forward (``s`` new, ``c`` cached tokens, ``seconds``) into the state.
 
     ``decay`` in ``[0, 1)`` is the weight kept by the old scale. A non-finite or non-positive

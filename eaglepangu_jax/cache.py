@@ -78,7 +78,7 @@ def write(
     )
 
 
-def commit(cache: KVCache, path: Int[ArrayLike, "D+1"], length: Int[ArrayLike, ""]) -> KVCache:
+def commit(cache: KVCache, path: Int[ArrayLike, " D+1"], length: Int[ArrayLike, ""]) -> KVCache:
     """Commit the root and ``length`` accepted nodes along ``path``; advance by ``length + 1``.
 
     The node accepted at depth ``k`` (tree slot ``path[k]``, cache slot ``cache.length +

@@ -155,8 +155,9 @@ def pad_keys(mask: Bool[Array, "... S"], multiple: int) -> Bool[Array, "... S2"]
     _check_positive("multiple", multiple)
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_ or mask.ndim < 1:
-        raise ValueError(f"pad_keys needs a boolean mask with a key axis, got {mask.dtype} "
-                         f"of shape {mask.shape}")
+        raise ValueError(
+            f"pad_keys needs a boolean mask with a key axis, got {mask.dtype} of shape {mask.shape}"
+        )
     extra = -mask.shape[-1] % multiple
     return jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, extra)], constant_values=False)
 
@@ -179,13 +180,17 @@ def unpack(packed: UInt32[Array, "... P"], num_cols: int) -> Bool[Array, "... S"
     """Inverse of :func:`pack`; ``num_cols`` (static ``S``) must need exactly ``P`` words."""
     packed = jnp.asarray(packed)
     if packed.dtype != jnp.uint32 or packed.ndim < 1:
-        raise ValueError(f"unpack needs uint32 words with a word axis, got {packed.dtype} "
-                         f"of shape {packed.shape}")
+        raise ValueError(
+            f"unpack needs uint32 words with a word axis, got {packed.dtype} "
+            f"of shape {packed.shape}"
+        )
     _check_positive("num_cols", num_cols)
     words = packed.shape[-1]
     if -(-num_cols // WORD_BITS) != words:
-        raise ValueError(f"{num_cols} columns pack into {-(-num_cols // WORD_BITS)} words, "
-                         f"but the packed mask has {words}")
+        raise ValueError(
+            f"{num_cols} columns pack into {-(-num_cols // WORD_BITS)} words, "
+            f"but the packed mask has {words}"
+        )
     shifts = _bit_shifts(packed.ndim + 1)
     bits = (packed[..., None] >> shifts) & jnp.uint32(1)
     flat = bits.astype(jnp.bool_).reshape(packed.shape[:-1] + (words * WORD_BITS,))

@@ -29,8 +29,8 @@ def _nan_to_neg_inf(x: Float[Array, "..."]) -> Float[Array, "..."]:
 
 
 def path_logscores(
-    parents: Int[ArrayLike, "N"], token_logprobs: Float[ArrayLike, "N"]
-) -> Float[Array, "N"]:
+    parents: Int[ArrayLike, " N"], token_logprobs: Float[ArrayLike, " N"]
+) -> Float[Array, " N"]:
     """Cumulative log-probability of each slot's root path (the root scores 0).
 
     Uses pointer doubling (``ceil(log2 N)`` gather rounds), so it is jittable with no loop over
@@ -48,8 +48,10 @@ def path_logscores(
     parents = jnp.asarray(parents, jnp.int32)
     own = _nan_to_neg_inf(jnp.asarray(token_logprobs, jnp.float32))
     if parents.ndim != 1 or own.shape != parents.shape:
-        raise ValueError(f"parents {parents.shape} and token_logprobs {own.shape} must be "
-                         "1-D arrays of the same length")
+        raise ValueError(
+            f"parents {parents.shape} and token_logprobs {own.shape} must be "
+            "1-D arrays of the same length"
+        )
     n = parents.shape[0]
     index = jnp.arange(n, dtype=jnp.int32)
     ok = (parents >= 0) & (parents < index)
@@ -108,8 +110,7 @@ def best_first(
     """
     lp = jnp.asarray(marginal_logprobs, jnp.float32)
     if lp.ndim != 2 or lp.shape[0] < 1 or lp.shape[1] < 1:
-        raise ValueError(f"marginal_logprobs must have shape [D, V] with D, V >= 1, "
-                         f"got {lp.shape}")
+        raise ValueError(f"marginal_logprobs must have shape [D, V] with D, V >= 1, got {lp.shape}")
     if not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be a positive static int, got {budget!r}")
     if top_k is not None and top_k < 1:
@@ -141,9 +142,14 @@ def best_first(
     def push(c, keep, score, parent, row, rank):
         # Writes at the first free entry; a discarded push is overwritten by the next one.
         at = c["count"]
-        c = dict(c, score=c["score"].at[at].set(score), parent=c["parent"].at[at].set(parent),
-                 row=c["row"].at[at].set(row), rank=c["rank"].at[at].set(rank),
-                 live=c["live"].at[at].set(keep))
+        c = dict(
+            c,
+            score=c["score"].at[at].set(score),
+            parent=c["parent"].at[at].set(parent),
+            row=c["row"].at[at].set(row),
+            rank=c["rank"].at[at].set(rank),
+            live=c["live"].at[at].set(keep),
+        )
         return dict(c, count=at + keep.astype(jnp.int32))
 
     def pop(slot, c):
@@ -162,15 +168,32 @@ def best_first(
             out_score=c["out_score"].at[slot].set(jnp.where(found, best, -jnp.inf)),
         )
         child_row = jnp.minimum(row + 1, depth_max - 1)
-        c = push(c, found & (row + 1 < depth_max), best + top_lp[child_row, 0],
-                 slot, child_row, jnp.int32(0))
+        c = push(
+            c,
+            found & (row + 1 < depth_max),
+            best + top_lp[child_row, 0],
+            slot,
+            child_row,
+            jnp.int32(0),
+        )
         sibling = jnp.minimum(rank + 1, k - 1)
-        return push(c, found & (rank + 1 < k), c["out_score"][parent] + top_lp[row, sibling],
-                    parent, row, sibling)
+        return push(
+            c,
+            found & (rank + 1 < k),
+            c["out_score"][parent] + top_lp[row, sibling],
+            parent,
+            row,
+            sibling,
+        )
 
     c = jax.lax.fori_loop(1, slots, pop, init)
     limit = budget if n_nodes is None else jnp.clip(jnp.asarray(n_nodes, jnp.int32), 0, budget)
     index = jnp.arange(slots, dtype=jnp.int32)
     valid = (index <= limit) & (c["out_score"] > -jnp.inf)
-    return tree_lib.from_parents(c["out_parent"], tokens=c["out_token"], valid=valid,
-                                 logscore=c["out_score"], max_depth=depth_max)
+    return tree_lib.from_parents(
+        c["out_parent"],
+        tokens=c["out_token"],
+        valid=valid,
+        logscore=c["out_score"],
+        max_depth=depth_max,
+    )

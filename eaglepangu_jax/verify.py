@@ -72,10 +72,10 @@ class Acceptance:
     """
 
     length: Int[Array, ""]  # [] accepted draft nodes, root excluded; 0 <= length <= D
-    path: Int[Array, "D+1"]  # [D + 1] slots from the root (path[0] == 0); after `length` the
+    path: Int[Array, " D+1"]  # [D + 1] slots from the root (path[0] == 0); after `length` the
     #                          last accepted slot repeats, so every entry is a valid slot index
     next_token: Int[Array, ""]  # [] bonus token drawn at the stop node path[length]
-    tokens: Int[Array, "D+1"]  # [D + 1] emitted tokens: tokens[:length] are the accepted
+    tokens: Int[Array, " D+1"]  # [D + 1] emitted tokens: tokens[:length] are the accepted
     #                            nodes' tokens, tokens[length:] all equal next_token. The round
     #                            emits tokens[:length + 1].
     ok: Bool[Array, ""]  # [] False when the stop node's logits row was degenerate
@@ -94,8 +94,10 @@ def emitted_tokens(acceptance: Acceptance) -> np.ndarray:
     """
     length = np.asarray(acceptance.length)
     if length.ndim != 0:
-        raise ValueError(f"emitted_tokens takes one unbatched Acceptance, got length of shape "
-                         f"{length.shape}; index the batch first")
+        raise ValueError(
+            f"emitted_tokens takes one unbatched Acceptance, got length of shape "
+            f"{length.shape}; index the batch first"
+        )
     return np.asarray(acceptance.tokens)[: int(length) + 1]
 
 
@@ -198,15 +200,16 @@ def _check_sampling_params(temperature, top_p) -> None:
             raise ValueError(f"top_p must lie in (0, 1], got {p}")
 
 
-def _uniforms(key: Array, n: int) -> Float[Array, "N"]:
+def _uniforms(key: Array, n: int) -> Float[Array, " N"]:
     """``n`` uniforms where entry ``i`` depends on ``(key, i)`` only, not on ``n``: the engine
     verifies a tree at several slot counts, and the same slot must see the same draw."""
     index = jnp.arange(n, dtype=jnp.int32)
-    return jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i), (),
-                                                 jnp.float32))(index)
+    return jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i), (), jnp.float32))(
+        index
+    )
 
 
-def _sample_rows(key: Array, probs: Float[Array, "N V"]) -> Int[Array, "N"]:
+def _sample_rows(key: Array, probs: Float[Array, "N V"]) -> Int[Array, " N"]:
     """One independent draw per row by inverse CDF (one uniform per row, not one per token).
 
     A zero-probability token is never returned: its CDF interval is empty, and rounding past
@@ -226,8 +229,9 @@ def _sample_rows(key: Array, probs: Float[Array, "N V"]) -> Int[Array, "N"]:
 # --------------------------------------------------------------------------------------------
 
 
-def _first_match_stop(tree: Tree, targets: Int[Array, "N"], blocked: Bool[Array, "N"]
-                      ) -> Int[Array, ""]:
+def _first_match_stop(
+    tree: Tree, targets: Int[Array, " N"], blocked: Bool[Array, " N"]
+) -> Int[Array, ""]:
     """Deepest slot reached by "descend into the first valid child whose token is targets[u]".
 
     Vectorised instead of a loop over depth: an edge ``parent(c) -> c`` is *taken* when ``c``
@@ -243,8 +247,9 @@ def _first_match_stop(tree: Tree, targets: Int[Array, "N"], blocked: Bool[Array,
     depth = jnp.clip(tree.depth, 0, max_depth)
     edge = tree.valid & (index > 0) & (tree.tokens == targets[parents]) & ~blocked[parents]
     # Duplicate sibling tokens: only the lowest slot may be taken.
-    earlier_sibling = ((parents[None, :] == parents[:, None]) & (index[None, :] < index[:, None])
-                       & edge[None, :])
+    earlier_sibling = (
+        (parents[None, :] == parents[:, None]) & (index[None, :] < index[:, None]) & edge[None, :]
+    )
     taken = edge & ~jnp.any(earlier_sibling, axis=1)
     d = jnp.arange(max_depth + 1, dtype=jnp.int32)
     off_path = (d[None, :] == 0) | (d[None, :] > depth[:, None])
@@ -256,7 +261,7 @@ def _speculative_walk(
     tree: Tree,
     probs: Float[Array, "N V"],
     draft: Float[Array, "N V"],
-    blocked: Bool[Array, "N"],
+    blocked: Bool[Array, " N"],
     key: Array,
     without_replacement: bool,
 ) -> tuple[Int[Array, ""], Int[Array, ""]]:
@@ -271,8 +276,9 @@ def _speculative_walk(
     tokens = tree.tokens
     in_vocab = (tokens >= 0) & (tokens < vocab)
     safe_tokens = jnp.clip(tokens, 0, vocab - 1)
-    draft = _normalise(jnp.where(jnp.isfinite(draft) & (draft > 0), draft, 0.0),
-                       jnp.zeros_like(draft))
+    draft = _normalise(
+        jnp.where(jnp.isfinite(draft) & (draft > 0), draft, 0.0), jnp.zeros_like(draft)
+    )
     vocab_ids = jnp.arange(vocab, dtype=jnp.int32)
     accept_key, bonus_key = jax.random.split(key)
     draws = _uniforms(accept_key, max(n - 1, 1))
@@ -418,10 +424,12 @@ def sample(
     else:
         draft = _check_logits(tree, draft_probs, "draft_probs")
         if draft.shape != logits.shape:
-            raise ValueError(f"draft_probs has shape {draft.shape}, expected {logits.shape} "
-                             "like logits")
-        stop, bonus = _speculative_walk(tree, probs, draft.astype(jnp.float32), blocked, key,
-                                        bool(without_replacement))
+            raise ValueError(
+                f"draft_probs has shape {draft.shape}, expected {logits.shape} like logits"
+            )
+        stop, bonus = _speculative_walk(
+            tree, probs, draft.astype(jnp.float32), blocked, key, bool(without_replacement)
+        )
     _reference_checks(tree, blocked)
     return _acceptance(tree, stop, bonus, ~blocked[stop])
 
@@ -434,15 +442,18 @@ def sample(
 def _check_logits(tree: Tree, logits, name: str) -> Float[Array, "N V"]:
     logits = jnp.asarray(logits)
     if logits.ndim != 2 or logits.shape[0] != tree.num_slots or logits.shape[1] < 1:
-        raise ValueError(f"{name} must have shape [N, V] with N = {tree.num_slots} tree slots, "
-                         f"got {logits.shape} (batch with jax.vmap)")
+        raise ValueError(
+            f"{name} must have shape [N, V] with N = {tree.num_slots} tree slots, "
+            f"got {logits.shape} (batch with jax.vmap)"
+        )
     if not jnp.issubdtype(logits.dtype, jnp.floating):
         raise ValueError(f"{name} must be floating point, got {logits.dtype}")
     return logits
 
 
-def _acceptance(tree: Tree, stop: Int[Array, ""], bonus: Int[Array, ""], ok: Bool[Array, ""]
-                ) -> Acceptance:
+def _acceptance(
+    tree: Tree, stop: Int[Array, ""], bonus: Int[Array, ""], ok: Bool[Array, ""]
+) -> Acceptance:
     n, max_depth = tree.num_slots, tree.max_depth
     path = jnp.clip(tree.ancestors[stop], 0, n - 1).astype(jnp.int32)
     length = jnp.clip(tree.depth[stop], 0, max_depth).astype(jnp.int32)
@@ -453,7 +464,7 @@ def _acceptance(tree: Tree, stop: Int[Array, ""], bonus: Int[Array, ""], ok: Boo
     return Acceptance(length=length, path=path, next_token=bonus, tokens=tokens, ok=ok)
 
 
-def _reference_checks(tree: Tree, blocked: Bool[Array, "N"]) -> None:
+def _reference_checks(tree: Tree, blocked: Bool[Array, " N"]) -> None:
     """In reference mode: tree invariants, and no degenerate logits row at a valid slot."""
     if not mode.is_reference():
         return

@@ -124,13 +124,16 @@ print("\nroot → node 3:", root_to_3.tolist(), [VOCAB[int(tree.tokens[s])] for 
 # padding slots are drawn grey. Next to it, `mask.tree_mask(tree)`: row *i* (query) may attend
 # to column *j* (key) when *j* is *i* itself or one of its ancestors.
 
+
 # %%
 def layout(t):
     """x position per slot: leaves left to right in depth-first order, parents centred."""
     par = np.asarray(t.parents)
     valid = np.asarray(t.valid)
-    children = {i: [c for c in range(1, t.num_slots) if valid[c] and par[c] == i]
-                for i in range(t.num_slots)}
+    children = {
+        i: [c for c in range(1, t.num_slots) if valid[c] and par[c] == i]
+        for i in range(t.num_slots)
+    }
     x = {}
 
     def place(node, next_leaf):
@@ -162,9 +165,18 @@ def draw_tree(ax, t, title, vocab=VOCAB):
     for i in range(t.num_slots):
         name = "root\n" + vocab[int(t.tokens[i])] if i == 0 else vocab[int(t.tokens[i])]
         label = f"{name}\n#{i}" + ("" if i == 0 else f" ρ={rho[i]:.2f}" if valid[i] else " pad")
-        ax.text(x[i], -depth[i], label, ha="center", va="center", fontsize=8, zorder=2,
-                bbox=dict(boxstyle="round", fc="#cde" if valid[i] else "0.9",
-                          ec="k" if valid[i] else "0.7"))
+        ax.text(
+            x[i],
+            -depth[i],
+            label,
+            ha="center",
+            va="center",
+            fontsize=8,
+            zorder=2,
+            bbox=dict(
+                boxstyle="round", fc="#cde" if valid[i] else "0.9", ec="k" if valid[i] else "0.7"
+            ),
+        )
     ax.set_title(title)
     ax.set_xlabel("leaf index (depth-first order)")
     ax.set_xticks(range(int(max(x.values())) + 1))
@@ -257,8 +269,12 @@ vmask = mask_lib.verify_mask(tree, committed, window)
 print("rotary positions:", tree_lib.positions(tree, committed).tolist())
 
 fig, ax = plt.subplots(figsize=(9, 3.6))
-draw_mask(ax, vmask, f"verify_mask: committed prefix c={committed}, window S={window}",
-          xlabel="KV-cache slot (key)")
+draw_mask(
+    ax,
+    vmask,
+    f"verify_mask: committed prefix c={committed}, window S={window}",
+    xlabel="KV-cache slot (key)",
+)
 ax.axvline(committed - 0.5, color="r", lw=1.5, label="end of committed prefix")
 ax.axvline(committed + tree.num_slots - 0.5, color="r", lw=1.5, ls="--", label="end of tree slots")
 ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
@@ -321,9 +337,14 @@ except tree_lib.InvalidTreeError as err:
 
 # A tree built field by field (bypassing the constructor), e.g. one received from elsewhere.
 good = tree_lib.from_parents(np.array([0, 0, 1, 1], np.int32), max_depth=3)
-hand_built = tree_lib.Tree(tokens=good.tokens, parents=jnp.asarray(broken_parents),
-                           valid=good.valid, depth=good.depth, ancestors=good.ancestors,
-                           logscore=good.logscore)
+hand_built = tree_lib.Tree(
+    tokens=good.tokens,
+    parents=jnp.asarray(broken_parents),
+    valid=good.valid,
+    depth=good.depth,
+    ancestors=good.ancestors,
+    logscore=good.logscore,
+)
 report = tree_lib.check(hand_built)
 for name, ok in report.items():
     print(f"{name:17s}", np.asarray(ok).astype(int).tolist())

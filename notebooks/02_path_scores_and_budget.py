@@ -38,8 +38,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from eaglepangu_jax import budget as budget_lib
-from eaglepangu_jax.calibration import measure as cal_measure
 from eaglepangu_jax import scoring
+from eaglepangu_jax.calibration import measure as cal_measure
 from eaglepangu_jax.engine.decode import Teacher
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.smollm2 import load_smollm2
@@ -109,9 +109,16 @@ assert np.all(np.diff(rho) <= 1e-6), "best-first order must not increase the sco
 # function serves every budget.
 best_first = jax.jit(scoring.best_first, static_argnames=("budget", "top_k"))
 budgets = np.arange(1, MAX_BUDGET + 1)
-accept = np.array([float(scoring.expected_accept(
-    best_first(marginal_logprobs, ROOT_TOKEN, budget=MAX_BUDGET, n_nodes=int(b))))
-    for b in budgets])
+accept = np.array(
+    [
+        float(
+            scoring.expected_accept(
+                best_first(marginal_logprobs, ROOT_TOKEN, budget=MAX_BUDGET, n_nodes=int(b))
+            )
+        )
+        for b in budgets
+    ]
+)
 # The prefix property: A(N) = 1 + ρ_1 + ... + ρ_N read off the single big tree.
 np.testing.assert_allclose(accept, 1.0 + np.cumsum(rho), rtol=1e-5)
 # Concavity: each extra node adds no more than the previous one.
@@ -128,8 +135,7 @@ print("depth of the best-first nodes:", np.asarray(big.depth[1:]).tolist())
 depth = np.asarray(big.depth)
 own = np.asarray(marginal_logprobs)[np.maximum(depth - 1, 0), np.asarray(big.tokens)]
 recomputed = scoring.path_logscores(big.parents, own)
-np.testing.assert_allclose(np.asarray(recomputed), np.asarray(big.logscore), rtol=1e-5,
-                           atol=1e-6)
+np.testing.assert_allclose(np.asarray(recomputed), np.asarray(big.logscore), rtol=1e-5, atol=1e-6)
 print("path_logscores matches tree.logscore on all", big.num_slots, "slots")
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -191,8 +197,7 @@ print({name: float(getattr(calib, name)) for name in ("a_c", "b_c", "a_m", "b_m"
 
 s_grid = np.arange(1, 65)
 fitted = np.asarray(budget_lib.latency(cpu, calib, s_grid, WINDOW - s_grid))
-ideal = np.asarray(budget_lib.latency(cpu, budget_lib.Calibration.ideal(), s_grid,
-                                      WINDOW - s_grid))
+ideal = np.asarray(budget_lib.latency(cpu, budget_lib.Calibration.ideal(), s_grid, WINDOW - s_grid))
 
 fig, ax = plt.subplots(figsize=(6.5, 4))
 ax.plot(samples[:, 0], 1e3 * samples[:, 2], "o", label="measured (engine verify, median)")
@@ -240,8 +245,10 @@ def controller(roofline, calibration, context=ATTENDED):
 
 chosen, speed = controller(cpu, calib)
 assert speed[chosen] >= speed.max() * (1 - 1e-5), "the first local peak should be global"
-print(f"this machine: verify {chosen} nodes per round, "
-      f"{speed[chosen]:.1f} tokens/s vs {speed[0]:.1f} for plain decoding (N = 0)")
+print(
+    f"this machine: verify {chosen} nodes per round, "
+    f"{speed[chosen]:.1f} tokens/s vs {speed[0]:.1f} for plain decoding (N = 0)"
+)
 
 fig, ax = plt.subplots(figsize=(6.5, 4))
 ax.plot(np.arange(MAX_BUDGET + 1), speed, marker=".")
@@ -265,8 +272,9 @@ plt.show()
 
 # %%
 gpu = budget_lib.Roofline.for_llama(config, peak_flops=60e12, bandwidth=3.0e12)
-gpu_calib = budget_lib.Calibration(a_c=jnp.float32(1.0), b_c=jnp.float32(2e-5),
-                                   a_m=jnp.float32(1.0), b_m=jnp.float32(2e-5))
+gpu_calib = budget_lib.Calibration(
+    a_c=jnp.float32(1.0), b_c=jnp.float32(2e-5), a_m=jnp.float32(1.0), b_m=jnp.float32(2e-5)
+)
 machines = {
     "this CPU (calibrated)": (cpu, calib),
     "CPU-like, ideal roofline": (cpu, budget_lib.Calibration.ideal()),
@@ -295,9 +303,13 @@ assert choices["GPU-like, ideal + 20 µs"] > choices["CPU-like, ideal roofline"]
 
 # %%
 peaks = np.geomspace(2e10, 2e13, 25)
-chosen_by_peak = [controller(budget_lib.Roofline.for_llama(config, peak_flops=float(p),
-                                                           bandwidth=24e9),
-                             budget_lib.Calibration.ideal())[0] for p in peaks]
+chosen_by_peak = [
+    controller(
+        budget_lib.Roofline.for_llama(config, peak_flops=float(p), bandwidth=24e9),
+        budget_lib.Calibration.ideal(),
+    )[0]
+    for p in peaks
+]
 fig, ax = plt.subplots(figsize=(6.5, 4))
 ax.semilogx(peaks / 24e9, chosen_by_peak, marker="o")
 ax.set_title("Chosen budget vs machine balance (bandwidth 24 GB/s)")

@@ -100,10 +100,12 @@ spec = SpecConfig(policy="drafter", budget=BUDGET, depth=DEPTH, max_new_tokens=M
 # %%
 PROMPTS = {
     "code": "Write a short Python function that checks whether a string is a palindrome.",
-    "summary": ("Summarise in two sentences: The Amazon rainforest covers much of the Amazon "
-                "basin of South America. The rainforest is home to millions of species of "
-                "insects, plants, birds and other forms of life, and the Amazon river carries "
-                "more water than any other river in the world."),
+    "summary": (
+        "Summarise in two sentences: The Amazon rainforest covers much of the Amazon "
+        "basin of South America. The rainforest is home to millions of species of "
+        "insects, plants, birds and other forms of life, and the Amazon river carries "
+        "more water than any other river in the world."
+    ),
 }
 
 
@@ -118,9 +120,11 @@ for name, text in PROMPTS.items():
     greedy = timed(None, prompt_ids)
     speculative = timed(drafter, prompt_ids)
     results[name] = (greedy, speculative)
-    print(f"{name:8s} prompt {len(prompt_ids):3d} tokens | greedy {greedy.stats.tokens_per_s:5.1f} "
-          f"tok/s | speculative {speculative.stats.tokens_per_s:5.1f} tok/s | accepted length "
-          f"{speculative.stats.accepted_length:.2f} | rounds {speculative.stats.rounds}")
+    print(
+        f"{name:8s} prompt {len(prompt_ids):3d} tokens | greedy {greedy.stats.tokens_per_s:5.1f} "
+        f"tok/s | speculative {speculative.stats.tokens_per_s:5.1f} tok/s | accepted length "
+        f"{speculative.stats.accepted_length:.2f} | rounds {speculative.stats.rounds}"
+    )
 
 # %% [markdown]
 # ## 3. The losslessness check
@@ -156,7 +160,7 @@ def rounds_of(result):
     decoder = IncrementalDecoder(tokenizer)
     ids, out, at = result.tokens, [], 0
     for accepted in result.stats.accepted_per_round:
-        take = ids[at: at + accepted + 1]  # the last round may be cut by max_new_tokens
+        take = ids[at : at + accepted + 1]  # the last round may be cut by max_new_tokens
         if not take:
             break
         draft = "".join(decoder.push(t) for t in take[:accepted])
@@ -171,16 +175,24 @@ def as_html(rounds):
     spans = []
     for r, (draft, bonus) in enumerate(rounds):
         style = f"background:{PALETTE[r % 2]}"
-        spans.append(f'<span style="{style}"><b>{html.escape(draft)}</b>'
-                     f"{html.escape(bonus)}</span>")
-    return ('<div style="font-family:monospace;white-space:pre-wrap;line-height:1.6">'
-            + "".join(spans) + "</div>")
+        spans.append(
+            f'<span style="{style}"><b>{html.escape(draft)}</b>{html.escape(bonus)}</span>'
+        )
+    return (
+        '<div style="font-family:monospace;white-space:pre-wrap;line-height:1.6">'
+        + "".join(spans)
+        + "</div>"
+    )
 
 
 for name, (_, speculative) in results.items():
     rounds = rounds_of(speculative)
-    display(HTML(f"<h4>{html.escape(name)}: {len(rounds)} rounds for "
-                 f"{len(speculative.tokens)} tokens</h4>" + as_html(rounds)))
+    display(
+        HTML(
+            f"<h4>{html.escape(name)}: {len(rounds)} rounds for "
+            f"{len(speculative.tokens)} tokens</h4>" + as_html(rounds)
+        )
+    )
     # Newlines shown as "⏎" keep every round on one line.
     print("".join(f"[{draft}|{bonus}]" for draft, bonus in rounds).replace("\n", "⏎"))
     print()
@@ -194,8 +206,9 @@ for name, (_, speculative) in results.items():
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 3.8))
 bins = np.arange(1, DEPTH + 3) - 0.5
-per_round = [np.asarray(spec_result.stats.accepted_per_round) + 1
-             for _, spec_result in results.values()]
+per_round = [
+    np.asarray(spec_result.stats.accepted_per_round) + 1 for _, spec_result in results.values()
+]
 ax.hist(per_round, bins=bins, label=list(results), rwidth=0.85)
 ax.set_title(f"Tokens per verify round, {drafter_name}, budget {BUDGET}, depth {DEPTH}")
 ax.set_xlabel("tokens emitted per round (accepted draft tokens + 1 bonus)")
@@ -222,8 +235,9 @@ fig, ax = plt.subplots(figsize=(6.5, 3.8))
 ax.bar(x - 0.2, greedy_tps, 0.4, label="greedy (1 token / forward)")
 ax.bar(x + 0.2, spec_tps, 0.4, label=f"speculative, {drafter_name}")
 for i in range(len(names)):
-    ax.text(x[i] + 0.2, spec_tps[i], f"{spec_tps[i] / greedy_tps[i]:.2f}×", ha="center",
-            va="bottom")
+    ax.text(
+        x[i] + 0.2, spec_tps[i], f"{spec_tps[i] / greedy_tps[i]:.2f}×", ha="center", va="bottom"
+    )
 ax.set_xticks(x, names)
 ax.set_title("Decode throughput on this machine (warm, prefill excluded)")
 ax.set_xlabel("prompt")

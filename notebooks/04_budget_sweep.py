@@ -52,11 +52,11 @@ from eaglepangu_jax import verify
 from eaglepangu_jax.drafters import NGramDrafter
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.decode import Teacher, generate
+from eaglepangu_jax.evaluation.suites import load_suite
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.chat import encode_chat
 from eaglepangu_jax.models.smollm2 import load_smollm2
 from eaglepangu_jax.models.tokenizer import load_tokenizer
-from eaglepangu_jax.evaluation.suites import load_suite
 
 PLOT_DIR = os.environ.get("EAGLEPANGU_NOTEBOOK_PLOTS")  # figures are saved only when set
 
@@ -106,6 +106,7 @@ for name, text in turns.items():
 # greedy token that follows it (`sequence[committed + depth]`). Nodes off the greedy path get
 # a target too, but acceptance never reaches them: it only walks through matching children.
 
+
 # %%
 def replay_round(drafter, sequence, num_tokens):
     index = jnp.arange(sequence.shape[0], dtype=jnp.int32)
@@ -146,8 +147,9 @@ for budget in BUDGETS:
         drafter = NGramDrafter(budget=budget, depth=depth)
         for name in turns:
             accepted[budget, depth, name] = replay(drafter, prompts[name], continuations[name])
-print(f"replayed {len(accepted)} (configuration, turn) pairs in "
-      f"{time.perf_counter() - start:.1f} s")
+print(
+    f"replayed {len(accepted)} (configuration, turn) pairs in {time.perf_counter() - start:.1f} s"
+)
 
 
 def accepted_length(budget, depth, names=tuple(turns)):
@@ -188,14 +190,18 @@ assert real.stats.accepted_per_round[:-1] == tuple(replayed[:-1])
 # The greedy call with these settings was compiled in section 1.
 round_times = {"greedy": [], "speculative": []}
 for _ in range(2):
-    for method, drafter, spec in (("greedy", None, greedy_spec),
-                                  ("speculative", ref_drafter, ref_spec)):
+    for method, drafter, spec in (
+        ("greedy", None, greedy_spec),
+        ("speculative", ref_drafter, ref_spec),
+    ):
         stats = generate(teacher, drafter, prompts[check_turn], spec).stats
         round_times[method].append(stats.seconds / stats.rounds)
 greedy_round_s, ref_round_s = min(round_times["greedy"]), min(round_times["speculative"])
-print(f"plain round {1e3 * greedy_round_s:.1f} ms; speculative round (budget {REF_BUDGET}, "
-      f"depth {REF_DEPTH}) {1e3 * ref_round_s:.1f} ms; measured speed-up on {check_turn}: "
-      f"{real.stats.accepted_length * greedy_round_s / ref_round_s:.2f}×")
+print(
+    f"plain round {1e3 * greedy_round_s:.1f} ms; speculative round (budget {REF_BUDGET}, "
+    f"depth {REF_DEPTH}) {1e3 * ref_round_s:.1f} ms; measured speed-up on {check_turn}: "
+    f"{real.stats.accepted_length * greedy_round_s / ref_round_s:.2f}×"
+)
 
 # %% [markdown]
 # ## 4. What the other rounds cost
@@ -218,13 +224,15 @@ CONTEXT, WINDOW = 128, 256
 @jax.jit
 def verify_forward(params, tree, kv):
     attend = mask_lib.verify_mask(tree, kv.length, WINDOW)
-    logits, _, _ = llama.forward(params, tree.tokens, tree_lib.positions(tree, kv.length), kv,
-                                 attend, config=config)
+    logits, _, _ = llama.forward(
+        params, tree.tokens, tree_lib.positions(tree, kv.length), kv, attend, config=config
+    )
     return logits
 
 
 kv = cache_lib.truncate(
-    cache_lib.init(config.num_layers, WINDOW, config.num_kv_heads, config.head_dim), CONTEXT)
+    cache_lib.init(config.num_layers, WINDOW, config.num_kv_heads, config.head_dim), CONTEXT
+)
 trees = {s: tree_lib.chain(s) for s in (1, 5, 17)}
 for tree in trees.values():
     jax.block_until_ready(verify_forward(teacher.params, tree, kv))  # compile
@@ -237,8 +245,10 @@ for _ in range(7):
 samples = [(s, CONTEXT, min(times)) for s, times in runs.items()]  # least disturbed run
 roofline = budget_lib.Roofline.for_llama(config, peak_flops=165e9, bandwidth=24e9)
 calibration = budget_lib.calibrate(roofline, samples)
-t_verify = {s: float(budget_lib.latency(roofline, calibration, s, CONTEXT))
-            for s in (1,) + tuple(b + 1 for b in BUDGETS)}
+t_verify = {
+    s: float(budget_lib.latency(roofline, calibration, s, CONTEXT))
+    for s in (1,) + tuple(b + 1 for b in BUDGETS)
+}
 print("measured:", {s: f"{1e3 * t:.1f} ms" for s, _, t in samples})
 print("roofline:", {s: f"{1e3 * t:.1f} ms" for s, t in t_verify.items()})
 
@@ -255,8 +265,10 @@ speedup = np.array([[predicted_speedup(b, d) for b in BUDGETS] for d in DEPTHS])
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-panels = [(aal, "Accepted length (tokens / round)", "viridis", "{:.2f}"),
-          (speedup, "Predicted speed-up over greedy (×)", "RdYlGn", "{:.2f}×")]
+panels = [
+    (aal, "Accepted length (tokens / round)", "viridis", "{:.2f}"),
+    (speedup, "Predicted speed-up over greedy (×)", "RdYlGn", "{:.2f}×"),
+]
 for ax, (values, title, cmap, fmt) in zip(axes, panels):
     image = ax.imshow(values, cmap=cmap, origin="lower", aspect="auto")
     for (r, c), v in np.ndenumerate(values):
@@ -287,8 +299,10 @@ save(fig, "04_budget_curve")
 plt.show()
 
 best_row, best_col = np.unravel_index(np.argmax(speedup), speedup.shape)
-print(f"best configuration: budget {BUDGETS[best_col]}, depth {DEPTHS[best_row]}, predicted "
-      f"{speedup[best_row, best_col]:.2f}×")
+print(
+    f"best configuration: budget {BUDGETS[best_col]}, depth {DEPTHS[best_row]}, predicted "
+    f"{speedup[best_row, best_col]:.2f}×"
+)
 
 # %% [markdown]
 # Accepted length grows with the budget and the depth, with diminishing returns, while the

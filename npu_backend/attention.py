@@ -87,8 +87,7 @@ def tree_attention(
     first_col[..., 0] = True
     safe = mask4 | (~has_key & first_col)
     if impl == "sdpa":
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, scale=scale,
-                                             enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, scale=scale, enable_gqa=True)
     else:
         out = _npu_fused(q, k, v, safe, scale)
     return out * has_key.to(out.dtype)
@@ -120,8 +119,14 @@ def _npu_fused(q, k, v, mask4, scale):
         k = F.pad(k, (0, 0, 0, pad))
         v = F.pad(v, (0, 0, 0, pad))
     outputs = torch_npu.npu_fusion_attention(
-        q.contiguous(), k.contiguous(), v.contiguous(), q.shape[1], "BNSD",
-        atten_mask=ascend.contiguous(), scale=scale, sparse_mode=0,
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        q.shape[1],
+        "BNSD",
+        atten_mask=ascend.contiguous(),
+        scale=scale,
+        sparse_mode=0,
     )
     return outputs[0]
 
@@ -145,12 +150,15 @@ def _eager(q, k, v, mask4, scale):
 def _check_inputs(q, k, v, mask):
     """Shape and dtype checks with messages naming the offending argument."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D BNSD; got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
+        raise ValueError(
+            f"q, k, v must be 4-D BNSD; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     b, nq, t, dh = q.shape
     if k.shape != v.shape or k.shape[0] != b or k.shape[3] != dh:
-        raise ValueError(f"k and v must be [B={b}, K, S, Dh={dh}] and equal; got "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must be [B={b}, K, S, Dh={dh}] and equal; got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
     if nq % k.shape[1]:
         raise ValueError(f"query heads {nq} are not a multiple of kv heads {k.shape[1]}")
     if not (q.dtype == k.dtype == v.dtype):
@@ -159,5 +167,6 @@ def _check_inputs(q, k, v, mask):
         raise ValueError(f"mask must be bool (True = may attend), got {mask.dtype}")
     s = k.shape[2]
     if mask.shape not in ((t, s), (b, t, s)):
-        raise ValueError(f"mask must be [T, S] = {(t, s)} or [B, T, S] = {(b, t, s)}; got "
-                         f"{tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must be [T, S] = {(t, s)} or [B, T, S] = {(b, t, s)}; got {tuple(mask.shape)}"
+        )

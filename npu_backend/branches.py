@@ -74,7 +74,7 @@ def num_branches(tree: Tree) -> int:
     return max(tree.num_slots - 1, 1)
 
 
-def leaves(tree: Tree) -> Bool[Array, "N"]:
+def leaves(tree: Tree) -> Bool[Array, " N"]:
     """Valid slots without a valid child (the root only when the tree has no node)."""
     n = tree.num_slots
     index = jnp.arange(n, dtype=jnp.int32)
@@ -83,7 +83,7 @@ def leaves(tree: Tree) -> Bool[Array, "N"]:
     return tree.valid & (has_child == 0)
 
 
-def tree_to_branches(tree: Tree) -> tuple[Int[Array, "B D+1"], Int[Array, "B"]]:
+def tree_to_branches(tree: Tree) -> tuple[Int[Array, "B D+1"], Int[Array, " B"]]:
     """Root-to-leaf chains of ``tree`` (see the module docstring for an example).
 
     Returns:
@@ -102,8 +102,9 @@ def tree_to_branches(tree: Tree) -> tuple[Int[Array, "B D+1"], Int[Array, "B"]]:
     return slots, length
 
 
-def node_rows(tree: Tree, branch_slots: Int[ArrayLike, "B T"], branch_len: Int[ArrayLike, "B"]
-              ) -> Int[Array, "N"]:
+def node_rows(
+    tree: Tree, branch_slots: Int[ArrayLike, "B T"], branch_len: Int[ArrayLike, " B"]
+) -> Int[Array, " N"]:
     """Flat row ``b * T + k`` of each slot's first occurrence in a used chain entry.
 
     Slots in no chain (padding) get row 0, the root of chain 0: an in-range row whose values
@@ -117,8 +118,9 @@ def node_rows(tree: Tree, branch_slots: Int[ArrayLike, "B T"], branch_len: Int[A
     return jnp.argmax(hits, axis=1).astype(jnp.int32)
 
 
-def branch_mask(branch_len: Int[ArrayLike, "B"], committed_len: Int[ArrayLike, ""], t: int,
-                width: int) -> Bool[Array, "B T W"]:
+def branch_mask(
+    branch_len: Int[ArrayLike, " B"], committed_len: Int[ArrayLike, ""], t: int, width: int
+) -> Bool[Array, "B T W"]:
     """The batch mask over each chain's gathered keys ``[prefix | own chain]``.
 
     Row ``d`` of chain ``b`` attends columns ``[0, c + min(d, len_b - 1)]``: the committed
@@ -161,17 +163,24 @@ def commit_slots(winner: int, accepted: int, t: int) -> list[int]:
     entries, root first: the root from chain 0 (identical in every chain, already in place),
     then depths ``1..accepted`` of chain ``winner``."""
     if winner < 0 or accepted < 0 or accepted >= t:
-        raise ValueError(f"winner {winner} / accepted {accepted} out of range for chains of "
-                         f"{t} entries")
+        raise ValueError(
+            f"winner {winner} / accepted {accepted} out of range for chains of {t} entries"
+        )
     return [0] + [winner * t + k for k in range(1, accepted + 1)]
 
 
 @torch.no_grad()
-def verify_branches(model: TorchLlama, kv_cache: TorchKVCache, tree_tokens: torch.Tensor,
-                    branch_slots: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                    feature_layers: Sequence[int] = (), *,
-                    index_select: IndexSelect = plain_index_select
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_branches(
+    model: TorchLlama,
+    kv_cache: TorchKVCache,
+    tree_tokens: torch.Tensor,
+    branch_slots: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor,
+    feature_layers: Sequence[int] = (),
+    *,
+    index_select: IndexSelect = plain_index_select,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One teacher forward over ``B`` chains; K/V go to the per-chain scratch regions.
 
     Args:
@@ -193,29 +202,44 @@ def verify_branches(model: TorchLlama, kv_cache: TorchKVCache, tree_tokens: torc
     b, t = branch_slots.shape
     mask = mask.to(device)
     if tuple(mask.shape[:2]) != (b, t) or mask.dtype != torch.bool:
-        raise ValueError(f"mask must be bool [B={b}, T={t}, W]; got {mask.dtype} "
-                         f"{tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must be bool [B={b}, T={t}, W]; got {mask.dtype} {tuple(mask.shape)}"
+        )
     if tuple(positions.shape) != (b, t):
         raise ValueError(f"positions must be [B={b}, T={t}]; got {tuple(positions.shape)}")
     committed, width = kv_cache.length, mask.shape[2]
     if committed + t > width or max(width, committed + b * t) > kv_cache.num_slots:
-        raise ValueError(f"{b} chains of {t} after {committed} committed slots need "
-                         f"{committed + b * t} cache slots and a key window of at least "
-                         f"{committed + t}; have {kv_cache.num_slots} slots, window {width}")
+        raise ValueError(
+            f"{b} chains of {t} after {committed} committed slots need "
+            f"{committed + b * t} cache slots and a key window of at least "
+            f"{committed + t}; have {kv_cache.num_slots} slots, window {width}"
+        )
     tokens = index_select(tree_tokens.to(device), branch_slots.to(device).reshape(-1), 0)
     tokens = tokens.long().view(b, t)
     keys_at = key_slots(committed, b, t, width, device).reshape(-1)
     cfg = model.config
 
     def attend(i, q, k, v):
-        kv_cache.write(i, k.reshape(b * t, cfg.num_kv_heads, cfg.head_dim),
-                       v.reshape(b * t, cfg.num_kv_heads, cfg.head_dim))
-        keys, values = (index_select(x[i], keys_at, 0).view(b, width, cfg.num_kv_heads,
-                                                              cfg.head_dim)
-                        .to(q.dtype).permute(0, 2, 1, 3) for x in (kv_cache.k, kv_cache.v))
-        out = tree_attention(q.permute(0, 2, 1, 3), keys, values, mask,
-                             impl=model.attention_impl, scale=cfg.head_dim ** -0.5)
+        kv_cache.write(
+            i,
+            k.reshape(b * t, cfg.num_kv_heads, cfg.head_dim),
+            v.reshape(b * t, cfg.num_kv_heads, cfg.head_dim),
+        )
+        keys, values = (
+            index_select(x[i], keys_at, 0)
+            .view(b, width, cfg.num_kv_heads, cfg.head_dim)
+            .to(q.dtype)
+            .permute(0, 2, 1, 3)
+            for x in (kv_cache.k, kv_cache.v)
+        )
+        out = tree_attention(
+            q.permute(0, 2, 1, 3),
+            keys,
+            values,
+            mask,
+            impl=model.attention_impl,
+            scale=cfg.head_dim**-0.5,
+        )
         return out.permute(0, 2, 1, 3)
 
-    return model.run(tokens, positions.to(device=device, dtype=torch.long), attend,
-                     feature_layers)
+    return model.run(tokens, positions.to(device=device, dtype=torch.long), attend, feature_layers)

@@ -44,11 +44,15 @@ class NpuStatus:
     def reason(self) -> str:
         """A sentence naming the first missing prerequisite ("" when available)."""
         if not self.installed:
-            return ("the torch_npu package is not installed "
-                    "(install the 'npu' extra: pip install eaglepangu[npu])")
+            return (
+                "the torch_npu package is not installed "
+                "(install the 'npu' extra: pip install eaglepangu[npu])"
+            )
         if self.import_error is not None:
-            return ("torch_npu is installed but failed to import; the CANN toolkit is missing "
-                    f"or its environment is not set up ({self.import_error})")
+            return (
+                "torch_npu is installed but failed to import; the CANN toolkit is missing "
+                f"or its environment is not set up ({self.import_error})"
+            )
         if self.device_count == 0:
             return "torch_npu imported but torch.npu.is_available() is False: no NPU device found"
         return ""
@@ -133,5 +137,6 @@ def torch_device(name: str):
             _import_module("torch_npu")
         except ImportError as error:
             raise DeviceUnavailableError(
-                f"device {name!r} requested but {probe_npu().reason()}") from error
+                f"device {name!r} requested but {probe_npu().reason()}"
+            ) from error
     return torch.device(name)

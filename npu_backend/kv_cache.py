@@ -32,19 +32,30 @@ class TorchKVCache:
 
     def __post_init__(self):
         if self.k.dim() != 4 or self.k.shape != self.v.shape:
-            raise ValueError(f"k and v must be equal [L, S, K, Dh]; got {tuple(self.k.shape)} "
-                             f"and {tuple(self.v.shape)}")
+            raise ValueError(
+                f"k and v must be equal [L, S, K, Dh]; got {tuple(self.k.shape)} "
+                f"and {tuple(self.v.shape)}"
+            )
         if not 0 <= self.length <= self.num_slots:
             raise ValueError(f"length {self.length} outside [0, {self.num_slots}]")
 
     @classmethod
-    def empty(cls, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, *,
-              device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-              ) -> "TorchKVCache":
+    def empty(
+        cls,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> "TorchKVCache":
         """A zeroed cache with ``num_slots`` slots per layer and nothing committed."""
         shape = (num_layers, num_slots, num_kv_heads, head_dim)
-        return cls(k=torch.zeros(shape, dtype=dtype, device=device),
-                   v=torch.zeros(shape, dtype=dtype, device=device))
+        return cls(
+            k=torch.zeros(shape, dtype=dtype, device=device),
+            v=torch.zeros(shape, dtype=dtype, device=device),
+        )
 
     @property
     def num_slots(self) -> int:
@@ -57,8 +68,10 @@ class TorchKVCache:
         """Write ``T`` rows ``[T, K, Dh]`` of one layer at slots ``[length, length + T)``."""
         t = k_new.shape[0]
         if self.length + t > self.num_slots:
-            raise ValueError(f"cache overflow: {t} new tokens after {self.length} committed "
-                             f"exceed {self.num_slots} slots")
+            raise ValueError(
+                f"cache overflow: {t} new tokens after {self.length} committed "
+                f"exceed {self.num_slots} slots"
+            )
         slots = self._slots(self.length, t)
         self.k[layer].index_copy_(0, slots, k_new.to(self.k.dtype))
         self.v[layer].index_copy_(0, slots, v_new.to(self.v.dtype))
@@ -66,8 +79,7 @@ class TorchKVCache:
     def advance(self, n: int) -> None:
         """Commit ``n`` slots written in place (e.g. after a prefill of ``n`` tokens)."""
         if n < 0 or self.length + n > self.num_slots:
-            raise ValueError(f"cannot advance by {n} after {self.length} of {self.num_slots} "
-                             "slots")
+            raise ValueError(f"cannot advance by {n} after {self.length} of {self.num_slots} slots")
         self.length += n
 
     def commit_length(self, accepted: int) -> None:
@@ -92,15 +104,19 @@ class TorchKVCache:
             The number of slots copied: the leading run already in place (the root, a chain
             of first children) is skipped, only the newly accepted segment moves.
         """
-        path = [int(s) for s in (path_slots.tolist() if isinstance(path_slots, torch.Tensor)
-                                 else path_slots)]
+        path = [
+            int(s)
+            for s in (path_slots.tolist() if isinstance(path_slots, torch.Tensor) else path_slots)
+        ]
         room = self.num_slots - self.length
         if not path or path[0] != 0:
             raise ValueError(f"a path starts at the root, tree slot 0; got {path}")
         bad = [s for s in path if not 0 <= s < room]
         if bad or len(path) > room:
-            raise ValueError(f"path {path} does not fit the {room} slots after the committed "
-                             f"prefix (bad entries {bad})")
+            raise ValueError(
+                f"path {path} does not fit the {room} slots after the committed "
+                f"prefix (bad entries {bad})"
+            )
         if len(set(path)) != len(path):
             raise ValueError(f"path {path} repeats a slot")
         in_place = 0

@@ -77,9 +77,13 @@ def _as_tensor(value: Any, device: torch.device, dtype: torch.dtype) -> torch.Te
     return tensor.to(device=device, dtype=dtype)
 
 
-def convert_params(params: Mapping[str, Any], config: LlamaConfig, *,
-                   device: str | torch.device = "cpu",
-                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def convert_params(
+    params: Mapping[str, Any],
+    config: LlamaConfig,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
     """Check the pytree against :func:`param_shapes` and convert every leaf to torch.
 
     Accepts the loaders' stacked layout and the JAX model's prepared layout (a tuple of
@@ -95,13 +99,19 @@ def convert_params(params: Mapping[str, Any], config: LlamaConfig, *,
     missing = sorted(set(expected) - set(flat))
     unexpected = sorted(set(flat) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"parameter names do not match the config: missing {missing}, "
-                         f"unexpected {unexpected}")
-    wrong = {name: tuple(flat[name].shape) for name, shape in expected.items()
-             if tuple(flat[name].shape) != shape}
+        raise ValueError(
+            f"parameter names do not match the config: missing {missing}, unexpected {unexpected}"
+        )
+    wrong = {
+        name: tuple(flat[name].shape)
+        for name, shape in expected.items()
+        if tuple(flat[name].shape) != shape
+    }
     if wrong:
-        raise ValueError(f"parameter shapes {wrong} differ from the config's "
-                         f"{ {name: expected[name] for name in wrong} }")
+        raise ValueError(
+            f"parameter shapes {wrong} differ from the config's "
+            f"{ {name: expected[name] for name in wrong} }"
+        )
     device = torch_device(device)
     return {name: _as_tensor(value, device, dtype) for name, value in flat.items()}
 
@@ -116,8 +126,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float):
     """Float32 cosine and sine tables ``[..., T, Dh/2]`` for positions ``[..., T]`` (the JAX
     model's formula)."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32,
-                             device=positions.device) / head_dim
+    exponents = (
+        torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
+    )
     inv_freq = 1.0 / torch.tensor(theta, dtype=torch.float32, device=positions.device) ** exponents
     angles = positions.float()[..., None] * inv_freq
     return torch.cos(angles), torch.sin(angles)
@@ -146,9 +157,15 @@ class TorchLlama:
             :func:`~npu_backend.attention.choose_impl` for ``device`` and the current mode.
     """
 
-    def __init__(self, config: LlamaConfig, params: Mapping[str, Any], *,
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 attention_impl: Impl | None = None):
+    def __init__(
+        self,
+        config: LlamaConfig,
+        params: Mapping[str, Any],
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        attention_impl: Impl | None = None,
+    ):
         if attention_impl is None:
             attention_impl = choose_impl(device)
         if attention_impl not in IMPLS:
@@ -162,13 +179,24 @@ class TorchLlama:
     def new_cache(self, num_slots: int) -> TorchKVCache:
         """An empty cache matching this model."""
         c = self.config
-        return TorchKVCache.empty(c.num_layers, num_slots, c.num_kv_heads, c.head_dim,
-                                  device=self.device, dtype=self.dtype)
+        return TorchKVCache.empty(
+            c.num_layers,
+            num_slots,
+            c.num_kv_heads,
+            c.head_dim,
+            device=self.device,
+            dtype=self.dtype,
+        )
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor | Sequence[int], positions: torch.Tensor | Sequence[int],
-                kv_cache: TorchKVCache, mask: torch.Tensor,
-                feature_layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        tokens: torch.Tensor | Sequence[int],
+        positions: torch.Tensor | Sequence[int],
+        kv_cache: TorchKVCache,
+        mask: torch.Tensor,
+        feature_layers: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``T`` new tokens; writes their K/V into ``kv_cache`` (``length`` unchanged).
 
         Args:
@@ -191,15 +219,26 @@ class TorchLlama:
             kv_cache.write(i, k, v)
             keys = kv_cache.k[i, :width].to(q.dtype).permute(1, 0, 2)[None]  # [1, K, W, Dh]
             values = kv_cache.v[i, :width].to(q.dtype).permute(1, 0, 2)[None]
-            out = tree_attention(q.permute(1, 0, 2)[None], keys, values, mask,
-                                 impl=self.attention_impl, scale=self.config.head_dim ** -0.5)
+            out = tree_attention(
+                q.permute(1, 0, 2)[None],
+                keys,
+                values,
+                mask,
+                impl=self.attention_impl,
+                scale=self.config.head_dim**-0.5,
+            )
             return out[0].permute(1, 0, 2)
 
         return self.run(tokens, positions, attend, feature_layers)
 
     @torch.no_grad()
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
-            feature_layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Attend,
+        feature_layers: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder with the attention step supplied by the caller.
 
         :meth:`forward` is this with a cache-backed ``attend``; other verification layouts
@@ -224,8 +263,9 @@ class TorchLlama:
         for i in range(c.num_layers):
             h = rms_norm(x, p["layers/attn_norm"][i], c.rms_norm_eps)
             q = apply_rope((h @ p["layers/wq"][i]).view(*lead, c.num_heads, c.head_dim), cos, sin)
-            k = apply_rope((h @ p["layers/wk"][i]).view(*lead, c.num_kv_heads, c.head_dim),
-                           cos, sin)
+            k = apply_rope(
+                (h @ p["layers/wk"][i]).view(*lead, c.num_kv_heads, c.head_dim), cos, sin
+            )
             v = (h @ p["layers/wv"][i]).view(*lead, c.num_kv_heads, c.head_dim)
             x = x + attend(i, q, k, v).reshape(*lead, c.q_width) @ p["layers/wo"][i]
             h = rms_norm(x, p["layers/mlp_norm"][i], c.rms_norm_eps)
@@ -233,8 +273,11 @@ class TorchLlama:
             x = x + (gate * (h @ p["layers/w_up"][i])) @ p["layers/w_down"][i]
             if i in feature_layers:
                 tapped[i] = x
-        features = torch.stack([tapped[i] for i in feature_layers], dim=-2) if feature_layers \
+        features = (
+            torch.stack([tapped[i] for i in feature_layers], dim=-2)
+            if feature_layers
             else x.new_zeros((*lead, 0, c.hidden_size))
+        )
         h = rms_norm(x, p["final_norm"], c.rms_norm_eps)
         head = p["lm_head"] if "lm_head" in p else p["embed"].T
         return (h @ head).float(), features
@@ -242,19 +285,30 @@ class TorchLlama:
     def _check(self, tokens, positions, cache, mask, feature_layers):
         c, t = self.config, tokens.shape[0]
         if tokens.dim() != 1 or tuple(positions.shape) != (t,):
-            raise ValueError(f"tokens and positions must be [T]; got {tuple(tokens.shape)} and "
-                             f"{tuple(positions.shape)}")
+            raise ValueError(
+                f"tokens and positions must be [T]; got {tuple(tokens.shape)} and "
+                f"{tuple(positions.shape)}"
+            )
         expected = (c.num_layers, cache.num_slots, c.num_kv_heads, c.head_dim)
         if tuple(cache.k.shape) != expected:
-            raise ValueError(f"cache k/v must be [L, S, K, Dh] = {expected}; got "
-                             f"{tuple(cache.k.shape)}")
-        if mask.dtype != torch.bool or mask.dim() != 2 or mask.shape[0] != t \
-                or not 1 <= mask.shape[1] <= cache.num_slots:
-            raise ValueError(f"mask must be bool [T={t}, W] with 1 <= W <= S="
-                             f"{cache.num_slots}; got {mask.dtype} {tuple(mask.shape)}")
+            raise ValueError(
+                f"cache k/v must be [L, S, K, Dh] = {expected}; got {tuple(cache.k.shape)}"
+            )
+        if (
+            mask.dtype != torch.bool
+            or mask.dim() != 2
+            or mask.shape[0] != t
+            or not 1 <= mask.shape[1] <= cache.num_slots
+        ):
+            raise ValueError(
+                f"mask must be bool [T={t}, W] with 1 <= W <= S="
+                f"{cache.num_slots}; got {mask.dtype} {tuple(mask.shape)}"
+            )
         if cache.length + t > mask.shape[1]:
-            raise ValueError(f"{t} new tokens at slot {cache.length} do not fit the mask's "
-                             f"window of {mask.shape[1]} slots")
+            raise ValueError(
+                f"{t} new tokens at slot {cache.length} do not fit the mask's "
+                f"window of {mask.shape[1]} slots"
+            )
         bad = [i for i in feature_layers if not 0 <= i < c.num_layers]
         if bad:
             raise ValueError(f"feature_layers {bad} out of range [0, {c.num_layers})")

@@ -50,8 +50,8 @@ from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal
 from eaglepangu_jax.engine.state import DecodeState
 from eaglepangu_jax.engine.step import StepStatic, accept, propose_tree
-from npu_backend import bridge, simulated
 from npu_backend import branches as branches_lib
+from npu_backend import bridge, simulated
 from npu_backend.kv_cache import TorchKVCache
 from npu_backend.llama_torch import TorchLlama
 
@@ -92,34 +92,51 @@ class RoundResult:
 
 
 @jax.jit(static_argnames=("static", "window", "branches", "table"))
-def _plan(static: StepStatic, draft_params: Any, state: DecodeState, committed: jax.Array,
-          verify_latency: jax.Array | None, *, window: int, branches: bool,
-          table: BranchTable) -> RoundPlan:
+def _plan(
+    static: StepStatic,
+    draft_params: Any,
+    state: DecodeState,
+    committed: jax.Array,
+    verify_latency: jax.Array | None,
+    *,
+    window: int,
+    branches: bool,
+    table: BranchTable,
+) -> RoundPlan:
     """Draft, tree and the verify inputs: the tree mask, or the chains and their mask."""
     key, draft_key, accept_key = jax.random.split(state.key, 3)  # as speculative_step
-    tree, n_nodes, proposal = propose_tree(static, draft_params, state, draft_key,
-                                           verify_latency)
+    tree, n_nodes, proposal = propose_tree(static, draft_params, state, draft_key, verify_latency)
     if branches:
         slots, length = table(tree)
         t = slots.shape[1]
         inputs = dict(
             positions=committed + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), slots.shape),
-            mask=branches_lib.branch_mask(length, committed, t, window), branch_slots=slots,
+            mask=branches_lib.branch_mask(length, committed, t, window),
+            branch_slots=slots,
             rows=branches_lib.node_rows(tree, slots, length),
-            used=jnp.sum(length > 0).astype(jnp.int32))
+            used=jnp.sum(length > 0).astype(jnp.int32),
+        )
     else:
         slot = jnp.arange(tree.num_slots, dtype=jnp.int32)
-        inputs = dict(positions=tree_lib.positions(tree, committed),
-                      mask=mask_lib.verify_mask(tree, committed, window),
-                      used=jnp.max(jnp.where(tree.valid, slot, 0)) + 1)
-    return RoundPlan(tree=tree, num_nodes=n_nodes, proposal=proposal, key=key,
-                     accept_key=accept_key, **inputs)
+        inputs = dict(
+            positions=tree_lib.positions(tree, committed),
+            mask=mask_lib.verify_mask(tree, committed, window),
+            used=jnp.max(jnp.where(tree.valid, slot, 0)) + 1,
+        )
+    return RoundPlan(
+        tree=tree, num_nodes=n_nodes, proposal=proposal, key=key, accept_key=accept_key, **inputs
+    )
 
 
 @jax.jit(static_argnames=("static",))
-def _finish(static: StepStatic, draft_params: Any, state: DecodeState, plan: RoundPlan,
-            logits: jax.Array, features: jax.Array | None
-            ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
+def _finish(
+    static: StepStatic,
+    draft_params: Any,
+    state: DecodeState,
+    plan: RoundPlan,
+    logits: jax.Array,
+    features: jax.Array | None,
+) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
     """Acceptance and the state update of ``speculative_step`` (the cache aside).
 
     ``logits`` / ``features`` hold the rows that were verified: the leading tree slots (the
@@ -146,16 +163,25 @@ def _finish(static: StepStatic, draft_params: Any, state: DecodeState, plan: Rou
     budget_left = spec.max_new_tokens - state.new_tokens
     hit_eos = jnp.any((acc.tokens == static.eos_id) & (index < emitted))
     new_state = dataclasses.replace(
-        state, tokens=tokens, num_tokens=state.num_tokens + emitted, key=plan.key,
-        rounds=state.rounds + 1, done=hit_eos | (emitted >= budget_left),
+        state,
+        tokens=tokens,
+        num_tokens=state.num_tokens + emitted,
+        key=plan.key,
+        rounds=state.rounds + 1,
+        done=hit_eos | (emitted >= budget_left),
         num_features=emitted,
         accepted_log=state.accepted_log.at[state.rounds].set(acc.length, mode="drop"),
-        nodes_log=state.nodes_log.at[state.rounds].set(plan.num_nodes, mode="drop"))
+        nodes_log=state.nodes_log.at[state.rounds].set(plan.num_nodes, mode="drop"),
+    )
     if static.drafter is not None:
         if features is not None:
             new_state = dataclasses.replace(new_state, features=features[acc.path])
-        new_state = dataclasses.replace(new_state, drafter_state=static.drafter.update(
-            draft_params, state.drafter_state, new_state.context(spec.draft_window)))
+        new_state = dataclasses.replace(
+            new_state,
+            drafter_state=static.drafter.update(
+                draft_params, state.drafter_state, new_state.context(spec.draft_window)
+            ),
+        )
     return new_state, acc.length, acc.path, winner
 
 
@@ -181,10 +207,18 @@ class TorchTeacherRunner:
             tree_to_branches`); must be a jittable, hashable function.
     """
 
-    def __init__(self, model: TorchLlama, drafter: Any, spec: SpecConfig, *,
-                 draft_params: Any = None, mode: Mode = "tree", verify_latency: Any = None,
-                 index_select: branches_lib.IndexSelect | None = None,
-                 branch_table: BranchTable = branches_lib.tree_to_branches):
+    def __init__(
+        self,
+        model: TorchLlama,
+        drafter: Any,
+        spec: SpecConfig,
+        *,
+        draft_params: Any = None,
+        mode: Mode = "tree",
+        verify_latency: Any = None,
+        index_select: branches_lib.IndexSelect | None = None,
+        branch_table: BranchTable = branches_lib.tree_to_branches,
+    ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.model = model
@@ -195,18 +229,21 @@ class TorchTeacherRunner:
         self.verify_latency = verify_latency
         self.branch_table = branch_table
         if index_select is None:
-            index_select = (simulated.index_select if engine_mode.is_reference()
-                            else branches_lib.plain_index_select)
+            index_select = (
+                simulated.index_select
+                if engine_mode.is_reference()
+                else branches_lib.plain_index_select
+            )
         self.index_select = index_select
         config = model.config
         self.eos_id = config.eos_id if spec.eos_id is None else spec.eos_id
-        self.static = StepStatic(teacher=config, drafter=drafter, spec=spec, window=0,
-                                 eos_id=self.eos_id)
+        self.static = StepStatic(
+            teacher=config, drafter=drafter, spec=spec, window=0, eos_id=self.eos_id
+        )
 
     # ------------------------------------------------------------------ public
 
-    def generate(self, prompt_ids: Sequence[int], *, stream: int = 0
-                 ) -> engine.GenerationResult:
+    def generate(self, prompt_ids: Sequence[int], *, stream: int = 0) -> engine.GenerationResult:
         """Generate a continuation; same result and statistics as the JAX ``generate``."""
         t0 = time.perf_counter()
         state, kv = self.start(prompt_ids, stream=stream)
@@ -215,11 +252,13 @@ class TorchTeacherRunner:
             state, _ = self.step(state, kv)
         jax.block_until_ready(state)
         t2 = time.perf_counter()
-        return engine.result_from_state(state, len(prompt_ids), self.spec, self.eos_id,
-                                        seconds=t2 - t1, prefill_seconds=t1 - t0)
+        return engine.result_from_state(
+            state, len(prompt_ids), self.spec, self.eos_id, seconds=t2 - t1, prefill_seconds=t1 - t0
+        )
 
-    def start(self, prompt_ids: Sequence[int], *, stream: int = 0
-              ) -> tuple[DecodeState, TorchKVCache]:
+    def start(
+        self, prompt_ids: Sequence[int], *, stream: int = 0
+    ) -> tuple[DecodeState, TorchKVCache]:
         """Validate, prefill ``prompt[:-1]`` in torch and build the state whose root is the
         prompt's last token (``init_state`` of the JAX engine)."""
         spec, drafter, cfg = self.spec, self.drafter, self.model.config
@@ -239,8 +278,16 @@ class TorchTeacherRunner:
                 prefill_features = jnp.zeros((len(prompt) - 1, 0, cfg.hidden_size), dtype)
         # The torch cache lives beside the state (``cache=None`` in it).
         state = engine.state_after_prefill(
-            prompt, None, features, prefill_features, drafter, self.draft_params, spec,
-            capacity=capacity, key=jax.random.fold_in(jax.random.key(spec.seed), stream))
+            prompt,
+            None,
+            features,
+            prefill_features,
+            drafter,
+            self.draft_params,
+            spec,
+            capacity=capacity,
+            key=jax.random.fold_in(jax.random.key(spec.seed), stream),
+        )
         return state, kv
 
     def running(self, state: DecodeState, kv: TorchKVCache) -> bool:
@@ -255,16 +302,28 @@ class TorchTeacherRunner:
         need = max(self.static.tree_slots, self.spec.depth + 1 if branches else 0)
         window = engine.window_for(committed + need, self._capacity(kv))
         plan = engine_mode.checked(_plan)(
-            self.static, self.draft_params, state, jnp.int32(committed), self.verify_latency,
-            window=window, branches=branches, table=self.branch_table)
+            self.static,
+            self.draft_params,
+            state,
+            jnp.int32(committed),
+            self.verify_latency,
+            window=window,
+            branches=branches,
+            table=self.branch_table,
+        )
         if branches:
             plan, logits, features, verified = self._verify_branches(plan, kv)
         else:
             logits, features = self._verify_tree(plan, kv)
             verified = logits.shape[0]
         state, length, path, winner = engine_mode.checked(_finish)(
-            self.static, self.draft_params, state, plan, bridge.to_jax(logits),
-            bridge.to_jax(features) if self.static.feature_layers else None)
+            self.static,
+            self.draft_params,
+            state,
+            plan,
+            bridge.to_jax(logits),
+            bridge.to_jax(features) if self.static.feature_layers else None,
+        )
         length, path, winner = (int(length), np.asarray(path), int(winner))
         accepted_path = tuple(int(s) for s in path[: length + 1])
         if branches:
@@ -272,14 +331,17 @@ class TorchTeacherRunner:
             if engine_mode.is_reference():
                 chain = np.asarray(plan.branch_slots[winner, : length + 1])
                 if tuple(int(s) for s in chain) != accepted_path:
-                    raise RuntimeError(f"winning chain {winner} holds {chain.tolist()}, "
-                                       f"not the accepted path {list(accepted_path)}")
+                    raise RuntimeError(
+                        f"winning chain {winner} holds {chain.tolist()}, "
+                        f"not the accepted path {list(accepted_path)}"
+                    )
             slots = branches_lib.commit_slots(winner, length, t)
         else:
             slots = accepted_path
         moved = kv.commit_path(slots)
-        return state, RoundResult(accepted=length, path=accepted_path, moved=moved,
-                                  verified=verified)
+        return state, RoundResult(
+            accepted=length, path=accepted_path, moved=moved, verified=verified
+        )
 
     # ------------------------------------------------------------------ internals
 
@@ -299,15 +361,19 @@ class TorchTeacherRunner:
         chunk_size, device = engine.PREFILL_CHUNK, self.model.device
         feats = []
         for begin in range(0, len(prompt), chunk_size):
-            chunk = prompt[begin: begin + chunk_size]
+            chunk = prompt[begin : begin + chunk_size]
             padded = np.zeros((chunk_size,), np.int32)
             padded[: len(chunk)] = chunk
             window = engine.window_for(begin + chunk_size, capacity)
             mask = _causal(jnp.int32(begin), t=chunk_size, width=window)
             positions = jnp.arange(begin, begin + chunk_size, dtype=jnp.int32)
-            _, f = self.model.forward(bridge.to_torch(jnp.asarray(padded), device),
-                                      bridge.to_torch(positions, device), kv,
-                                      bridge.to_torch(mask, device), self.static.feature_layers)
+            _, f = self.model.forward(
+                bridge.to_torch(jnp.asarray(padded), device),
+                bridge.to_torch(positions, device),
+                kv,
+                bridge.to_torch(mask, device),
+                self.static.feature_layers,
+            )
             kv.advance(len(chunk))
             feats.append(f[: len(chunk)])
         return torch.cat(feats, dim=0)
@@ -319,23 +385,39 @@ class TorchTeacherRunner:
         device = self.model.device
         return self.model.forward(
             bridge.to_torch(plan.tree.tokens[:rows], device),
-            bridge.to_torch(plan.positions[:rows], device), kv,
-            bridge.to_torch(plan.mask[:rows], device), self.static.feature_layers)
+            bridge.to_torch(plan.positions[:rows], device),
+            kv,
+            bridge.to_torch(plan.mask[:rows], device),
+            self.static.feature_layers,
+        )
 
     def _verify_branches(self, plan: RoundPlan, kv: TorchKVCache):
         """Run the chains in use (rounded up to a power of two) as one batch."""
         chains = _bucket(int(plan.used), plan.branch_slots.shape[0])
-        plan = dataclasses.replace(plan, branch_slots=plan.branch_slots[:chains],
-                                   positions=plan.positions[:chains], mask=plan.mask[:chains])
+        plan = dataclasses.replace(
+            plan,
+            branch_slots=plan.branch_slots[:chains],
+            positions=plan.positions[:chains],
+            mask=plan.mask[:chains],
+        )
         device = self.model.device
         logits, features = branches_lib.verify_branches(
-            self.model, kv, bridge.to_torch(plan.tree.tokens, device),
+            self.model,
+            kv,
+            bridge.to_torch(plan.tree.tokens, device),
             bridge.to_torch(plan.branch_slots, device),
-            bridge.to_torch(plan.positions, device), bridge.to_torch(plan.mask, device),
-            self.static.feature_layers, index_select=self.index_select)
+            bridge.to_torch(plan.positions, device),
+            bridge.to_torch(plan.mask, device),
+            self.static.feature_layers,
+            index_select=self.index_select,
+        )
         t = logits.shape[1]
-        return (plan, logits.reshape(chains * t, -1),
-                features.reshape(chains * t, *features.shape[2:]), chains)
+        return (
+            plan,
+            logits.reshape(chains * t, -1),
+            features.reshape(chains * t, *features.shape[2:]),
+            chains,
+        )
 
 
 def _bucket(used: int, total: int) -> int:
@@ -344,11 +426,18 @@ def _bucket(used: int, total: int) -> int:
     return min(1 << max(used - 1, 0).bit_length(), total)
 
 
-def generate_torch(torch_model: TorchLlama, drafter: Any, prompt_ids: Sequence[int],
-                   spec: SpecConfig, *, draft_params: Any = None, mode: Mode = "tree",
-                   verify_latency: Any = None, stream: int = 0,
-                   index_select: branches_lib.IndexSelect | None = None
-                   ) -> engine.GenerationResult:
+def generate_torch(
+    torch_model: TorchLlama,
+    drafter: Any,
+    prompt_ids: Sequence[int],
+    spec: SpecConfig,
+    *,
+    draft_params: Any = None,
+    mode: Mode = "tree",
+    verify_latency: Any = None,
+    stream: int = 0,
+    index_select: branches_lib.IndexSelect | None = None,
+) -> engine.GenerationResult:
     """Generate with the teacher in torch (see the module docstring).
 
     Args:
@@ -367,7 +456,13 @@ def generate_torch(torch_model: TorchLlama, drafter: Any, prompt_ids: Sequence[i
         The same :class:`~eaglepangu_jax.engine.decode.GenerationResult` as the JAX
         ``generate``; ``seconds`` is the decode wall time, prefill excluded.
     """
-    runner = TorchTeacherRunner(torch_model, drafter, spec, draft_params=draft_params,
-                                mode=mode, verify_latency=verify_latency,
-                                index_select=index_select)
+    runner = TorchTeacherRunner(
+        torch_model,
+        drafter,
+        spec,
+        draft_params=draft_params,
+        mode=mode,
+        verify_latency=verify_latency,
+        index_select=index_select,
+    )
     return runner.generate(prompt_ids, stream=stream)

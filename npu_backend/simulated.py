@@ -77,23 +77,50 @@ class SimulatedTorchNpu(types.ModuleType):
         self.alignment = alignment
         self.calls = 0
 
-    def npu_fusion_attention(self, query, key, value, head_num, input_layout, pse=None,
-                             padding_mask=None, atten_mask=None, scale=1.0, keep_prob=1.0,
-                             pre_tockens=2147483647, next_tockens=2147483647, inner_precise=0,
-                             prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None,
-                             sparse_mode=0, **unused):
+    def npu_fusion_attention(
+        self,
+        query,
+        key,
+        value,
+        head_num,
+        input_layout,
+        pse=None,
+        padding_mask=None,
+        atten_mask=None,
+        scale=1.0,
+        keep_prob=1.0,
+        pre_tockens=2147483647,
+        next_tockens=2147483647,
+        inner_precise=0,
+        prefix=None,
+        actual_seq_qlen=None,
+        actual_seq_kvlen=None,
+        sparse_mode=0,
+        **unused,
+    ):
         """Fused attention with Ascend semantics; returns ``(out,)`` in the input layout."""
         _require(input_layout in LAYOUTS, f"layout {input_layout!r} not simulated; use {LAYOUTS}")
-        _require(sparse_mode == 0, f"sparse_mode={sparse_mode}: only 0 (full mask) can hold a "
-                                   "tree mask and is the only mode simulated")
-        _require(pse is None and padding_mask is None and prefix is None
-                 and actual_seq_qlen is None and actual_seq_kvlen is None and keep_prob == 1.0,
-                 "pse, padding_mask, prefix, actual_seq_* and dropout are not simulated")
+        _require(
+            sparse_mode == 0,
+            f"sparse_mode={sparse_mode}: only 0 (full mask) can hold a "
+            "tree mask and is the only mode simulated",
+        )
+        _require(
+            pse is None
+            and padding_mask is None
+            and prefix is None
+            and actual_seq_qlen is None
+            and actual_seq_kvlen is None
+            and keep_prob == 1.0,
+            "pse, padding_mask, prefix, actual_seq_* and dropout are not simulated",
+        )
         for name, x in (("query", query), ("key", key), ("value", value)):
             _require(x.is_contiguous(), f"{name} is not contiguous")
             _require(x.dtype in _FLOAT_DTYPES, f"{name} dtype {x.dtype} not in {_FLOAT_DTYPES}")
-        _require(query.dtype == key.dtype == value.dtype,
-                 f"mixed dtypes {query.dtype}, {key.dtype}, {value.dtype}")
+        _require(
+            query.dtype == key.dtype == value.dtype,
+            f"mixed dtypes {query.dtype}, {key.dtype}, {value.dtype}",
+        )
         _require(key.shape == value.shape, f"key {tuple(key.shape)} != value {tuple(value.shape)}")
         q = _to_bnsd(query, input_layout, head_num)
         kv_heads = None
@@ -107,8 +134,10 @@ class SimulatedTorchNpu(types.ModuleType):
         _require(1 <= dh <= MAX_HEAD_DIM, f"head dim {dh} outside 1..{MAX_HEAD_DIM}")
         _require(k.shape[3] == dh and k.shape[0] == b, "query and key shapes disagree")
         _require(nq % n_kv == 0, f"query heads {nq} not a multiple of kv heads {n_kv}")
-        _require(s % self.alignment == 0,
-                 f"key length {s} is not padded to a multiple of {self.alignment}")
+        _require(
+            s % self.alignment == 0,
+            f"key length {s} is not padded to a multiple of {self.alignment}",
+        )
         masked = self._check_mask(atten_mask, b, nq, t, s)
         self._check_padding_masked(k, v, masked)
         out = _reference(q, k, v, masked, float(scale))
@@ -118,17 +147,23 @@ class SimulatedTorchNpu(types.ModuleType):
     def _check_mask(self, atten_mask, b, n, t, s) -> torch.Tensor:
         """Validate ``atten_mask``; returns it as a bool ``[B|1, N|1, T, S]`` (True = masked)."""
         _require(atten_mask is not None, "atten_mask is required with sparse_mode=0 here")
-        _require(atten_mask.dtype in (torch.bool, torch.uint8),
-                 f"atten_mask dtype {atten_mask.dtype}; the kernel takes bool or uint8 only")
+        _require(
+            atten_mask.dtype in (torch.bool, torch.uint8),
+            f"atten_mask dtype {atten_mask.dtype}; the kernel takes bool or uint8 only",
+        )
         _require(atten_mask.is_contiguous(), "atten_mask is not contiguous")
         shape = tuple(atten_mask.shape)
-        allowed = {(b, n, t, s): "BNSS", (b, 1, t, s): "B1SS", (1, 1, t, s): "11SS",
-                   (t, s): "SS"}
-        _require(shape in allowed, f"atten_mask shape {shape} is none of BNSS/B1SS/11SS/SS for "
-                                   f"B={b}, N={n}, S_q={t}, S_kv={s}")
+        allowed = {(b, n, t, s): "BNSS", (b, 1, t, s): "B1SS", (1, 1, t, s): "11SS", (t, s): "SS"}
+        _require(
+            shape in allowed,
+            f"atten_mask shape {shape} is none of BNSS/B1SS/11SS/SS for "
+            f"B={b}, N={n}, S_q={t}, S_kv={s}",
+        )
         if atten_mask.dtype == torch.uint8:
-            _require(bool(((atten_mask == 0) | (atten_mask == 1)).all()),
-                     "uint8 atten_mask holds values other than 0 and 1")
+            _require(
+                bool(((atten_mask == 0) | (atten_mask == 1)).all()),
+                "uint8 atten_mask holds values other than 0 and 1",
+            )
         masked = atten_mask.bool()
         masked = masked[None, None] if masked.dim() == 2 else masked
         empty = masked.all(dim=-1)

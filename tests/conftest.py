@@ -24,16 +24,25 @@ settings.register_profile(
     "ci",
     max_examples=40,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                           HealthCheck.function_scoped_fixture],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
     derandomize=True,
 )
-settings.register_profile("dev", max_examples=20, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow,
-                                                 HealthCheck.function_scoped_fixture])
-settings.register_profile("thorough", max_examples=500, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow,
-                                                 HealthCheck.function_scoped_fixture])
+settings.register_profile(
+    "dev",
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
@@ -88,8 +97,7 @@ def _as_failure(report, cause: str):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    if (_in_ci() and report.skipped and not hasattr(report, "wasxfail")
-            and call.excinfo is not None):
+    if _in_ci() and report.skipped and not hasattr(report, "wasxfail") and call.excinfo is not None:
         cause = _missing_model(call.excinfo)
         if cause is not None:
             _as_failure(report, cause)

@@ -67,13 +67,45 @@ _STATS_ENV = "EAGLEPANGU_SUITE_STATS"  # child side: where the plugin writes its
 
 # pytest options whose value may come as the next argument (so that value is not a file).
 _VALUE_OPTIONS = {
-    "-m", "-k", "-p", "-W", "-o", "-c", "-n", "--timeout", "--timeout-method", "--maxfail",
-    "--deselect", "--ignore", "--ignore-glob", "--rootdir", "--basetemp", "--durations",
-    "--durations-min", "--junitxml", "--junit-xml", "--junit-prefix", "--confcutdir",
-    "--tb", "--capture", "--import-mode", "--override-ini", "--log-level", "--log-cli-level",
-    "--log-file", "--log-format", "--color", "--code-highlight", "--pastebin",
-    "--hypothesis-profile", "--hypothesis-seed", "--hypothesis-verbosity", "--dist",
-    "--config-file", "--inifile", "--show-capture",
+    "-m",
+    "-k",
+    "-p",
+    "-W",
+    "-o",
+    "-c",
+    "-n",
+    "--timeout",
+    "--timeout-method",
+    "--maxfail",
+    "--deselect",
+    "--ignore",
+    "--ignore-glob",
+    "--rootdir",
+    "--basetemp",
+    "--durations",
+    "--durations-min",
+    "--junitxml",
+    "--junit-xml",
+    "--junit-prefix",
+    "--confcutdir",
+    "--tb",
+    "--capture",
+    "--import-mode",
+    "--override-ini",
+    "--log-level",
+    "--log-cli-level",
+    "--log-file",
+    "--log-format",
+    "--color",
+    "--code-highlight",
+    "--pastebin",
+    "--hypothesis-profile",
+    "--hypothesis-seed",
+    "--hypothesis-verbosity",
+    "--dist",
+    "--config-file",
+    "--inifile",
+    "--show-capture",
 }
 _GLOB_CHARS = set("*?[")
 
@@ -112,6 +144,7 @@ def pytest_sessionfinish(session, exitstatus):  # pragma: no cover - runs inside
 
 # --------------------------------------------------------------------------------------------
 # Harness side.
+
 
 @dataclasses.dataclass
 class FileResult:
@@ -209,8 +242,10 @@ def _is_collection_case(case: ET.Element, outcome: ET.Element | None, stem: str)
     ``dir``, name ``test_x``, while a test ``dir/test_x.py::test_a`` becomes classname
     ``dir.test_x``, name ``test_a``.
     """
-    if outcome is not None and outcome.get("message") in ("collection skipped",
-                                                          "collection failure"):
+    if outcome is not None and outcome.get("message") in (
+        "collection skipped",
+        "collection failure",
+    ):
         return True
     classname = case.get("classname", "")
     return case.get("name") == stem and stem not in classname.split(".")
@@ -231,8 +266,9 @@ def _skip_reason(skipped: ET.Element) -> str:
     return reason
 
 
-def _read_report(result: FileResult, xml_path: pathlib.Path,
-                 stem: str) -> tuple[int, list[str], list[str], bool]:
+def _read_report(
+    result: FileResult, xml_path: pathlib.Path, stem: str
+) -> tuple[int, list[str], list[str], bool]:
     """Fill the counts from the junit XML.
 
     Returns (tests, collection skip reasons, collection errors, whether the last testcase
@@ -282,16 +318,33 @@ def _read_stats(path: pathlib.Path) -> dict:
         return {}
 
 
-def _run_file(path: pathlib.Path, targets: list[str], forwarded: list[str], workdir: pathlib.Path,
-              env: dict[str, str], file_timeout: float, test_timeout: float | None,
-              ci: bool) -> FileResult:
+def _run_file(
+    path: pathlib.Path,
+    targets: list[str],
+    forwarded: list[str],
+    workdir: pathlib.Path,
+    env: dict[str, str],
+    file_timeout: float,
+    test_timeout: float | None,
+    ci: bool,
+) -> FileResult:
     result = FileResult(path.name)
     stem = path.stem
     xml_path = workdir / f"{path.name}.xml"
     stats_path = workdir / f"{path.name}.stats.json"
     log_path = workdir / f"{path.name}.log"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "run_suite",
-           f"--junitxml={xml_path}", "-rs"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "run_suite",
+        f"--junitxml={xml_path}",
+        "-rs",
+    ]
     if test_timeout is not None:
         cmd.append(f"--timeout={test_timeout:g}")
     cmd += [*targets, *forwarded]
@@ -301,8 +354,15 @@ def _run_file(path: pathlib.Path, targets: list[str], forwarded: list[str], work
     with open(log_path, "wb") as log:
         # Output goes to a file, not a pipe: a grandchild that outlives pytest (a notebook
         # kernel) cannot then hang the harness.
-        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             rc = proc.wait(timeout=file_timeout)
         except subprocess.TimeoutExpired:
@@ -319,7 +379,8 @@ def _run_file(path: pathlib.Path, targets: list[str], forwarded: list[str], work
         result.problems.append(
             f"TIMEOUT: still running after {file_timeout:g} s (the per-file limit, "
             f"EAGLEPANGU_FILE_TIMEOUT); it was interrupted/killed and the file counts as "
-            f"failed")
+            f"failed"
+        )
         result.failed += 1
         stats = _read_stats(stats_path)
         if xml_path.is_file():  # interrupted pytest still reports the tests it finished
@@ -333,8 +394,9 @@ def _run_file(path: pathlib.Path, targets: list[str], forwarded: list[str], work
             result.problems.append(f"the test running at the limit: {stats['running']}")
         return result
     if not xml_path.is_file():
-        result.problems.append(f"pytest exited with code {rc} and wrote no junit report "
-                               f"(crashed or killed?)")
+        result.problems.append(
+            f"pytest exited with code {rc} and wrote no junit report (crashed or killed?)"
+        )
         result.failed += 1
         return result
     try:
@@ -380,8 +442,10 @@ def _run_file(path: pathlib.Path, targets: list[str], forwarded: list[str], work
 
 
 def _print_file(result: FileResult) -> None:
-    line = (f"{result.name:<32} {result.passed:4d} passed {result.failed:3d} failed "
-            f"{result.errors:3d} errors {result.skipped:3d} skipped")
+    line = (
+        f"{result.name:<32} {result.passed:4d} passed {result.failed:3d} failed "
+        f"{result.errors:3d} errors {result.skipped:3d} skipped"
+    )
     if result.deselected:
         line += f" {result.deselected:3d} deselected"
     line += f"  {result.seconds:7.1f} s"
@@ -426,8 +490,10 @@ def main(argv: list[str]) -> int:
         print("run_suite: no test files found", file=sys.stderr)
         return 1
     if importlib.util.find_spec("pytest_timeout") is None:
-        message = ("pytest-timeout is not installed (pip install 'pytest-timeout>=2.3', or the "
-                   "'test' extra); tests have no per-test limit, only the per-file one")
+        message = (
+            "pytest-timeout is not installed (pip install 'pytest-timeout>=2.3', or the "
+            "'test' extra); tests have no per-test limit, only the per-file one"
+        )
         if ci:
             print(f"run_suite: ERROR: {message}", file=sys.stderr)
             return 2
@@ -446,16 +512,20 @@ def main(argv: list[str]) -> int:
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
         env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
         cache_note = f"shared JAX cache {cache} (deleted at the end)"
-    print(f"run_suite: {len(files)} files, per-file limit {file_timeout:g} s, per-test limit "
-          f"{'none' if test_timeout is None else f'{test_timeout:g} s'}, CI={ci}, {cache_note}"
-          + (f", pytest args {forwarded}" if forwarded else ""), flush=True)
+    print(
+        f"run_suite: {len(files)} files, per-file limit {file_timeout:g} s, per-test limit "
+        f"{'none' if test_timeout is None else f'{test_timeout:g} s'}, CI={ci}, {cache_note}"
+        + (f", pytest args {forwarded}" if forwarded else ""),
+        flush=True,
+    )
 
     results: list[FileResult] = []
     start = time.perf_counter()
     try:
         for path, targets in files.items():
-            result = _run_file(path, targets, forwarded, workdir, env, file_timeout,
-                               test_timeout, ci)
+            result = _run_file(
+                path, targets, forwarded, workdir, env, file_timeout, test_timeout, ci
+            )
             results.append(result)
             _print_file(result)
     except KeyboardInterrupt:

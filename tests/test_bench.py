@@ -8,19 +8,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eaglepangu_jax.drafters import registry as drafter_registry
-from eaglepangu_jax.evaluation import report as bench_report
-from eaglepangu_jax.evaluation import run as bench_run
-from eaglepangu_jax.methods import registry as methods_lib
-from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax.cache import KVCache
+from eaglepangu_jax.drafters import registry as drafter_registry
 from eaglepangu_jax.drafters.ngram import NGramDrafter
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.evaluation import report as bench_report
+from eaglepangu_jax.evaluation import run as bench_run
+from eaglepangu_jax.evaluation.suites import Conversation
+from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
-from eaglepangu_jax.evaluation.suites import Conversation
 
 CFG = LlamaConfig.tiny(vocab_size=61, max_position=512)
 SPEC = SpecConfig(budget=4, depth=3, max_new_tokens=12, eos_id=-7)
@@ -59,7 +59,10 @@ CONVERSATIONS = [
 
 
 def _methods(greedy_spec=SPEC, ngram_spec=SPEC):
-    return [methods_lib.make_method("greedy", greedy_spec), methods_lib.make_method("ngram", ngram_spec)]
+    return [
+        methods_lib.make_method("greedy", greedy_spec),
+        methods_lib.make_method("ngram", ngram_spec),
+    ]
 
 
 def test_run_bench_records_and_follows_greedy_answers(teacher):
@@ -67,16 +70,28 @@ def test_run_bench_records_and_follows_greedy_answers(teacher):
     report = bench_run.run_bench(teacher, CONVERSATIONS, _methods(), renderer, progress=False)
     json.dumps(report, allow_nan=False)  # JSON-ready, no NaN / inf
     turns = report["turns"]
-    assert [(t["conversation_id"], t["turn_index"]) for t in turns] == [("a", 0), ("a", 1),
-                                                                         ("b", 0)]
+    assert [(t["conversation_id"], t["turn_index"]) for t in turns] == [
+        ("a", 0),
+        ("a", 1),
+        ("b", 0),
+    ]
     assert set(report["warmup_seconds"]) == {"greedy", "ngram"}
     for t in turns:
         assert list(t["methods"]) == ["greedy", "ngram"]
         g, n = t["methods"]["greedy"], t["methods"]["ngram"]
         for r in (g, n):
-            assert {"new_tokens", "seconds", "tokens_per_s", "rounds", "accepted_length",
-                    "identical_to_greedy", "divergence_index", "near_tie_gap",
-                    "compile_seconds", "speedup"} <= set(r)
+            assert {
+                "new_tokens",
+                "seconds",
+                "tokens_per_s",
+                "rounds",
+                "accepted_length",
+                "identical_to_greedy",
+                "divergence_index",
+                "near_tie_gap",
+                "compile_seconds",
+                "speedup",
+            } <= set(r)
             assert r["accepted_length"] == pytest.approx(r["new_tokens"] / r["rounds"])
         assert g["identical_to_greedy"] and g["speedup"] == 1.0 and g["rounds"] == 12
         # Greedy acceptance is lossless: the n-gram method reproduces greedy exactly.
@@ -85,9 +100,11 @@ def test_run_bench_records_and_follows_greedy_answers(teacher):
     # The second turn continues after the *greedy* answer to the first.
     first = renderer.encode([{"role": "user", "content": "abcabcabc"}])
     answer = gen.generate(teacher, None, first, SPEC).tokens
-    history = [{"role": "user", "content": "abcabcabc"},
-               {"role": "assistant", "content": renderer.decode(answer)},
-               {"role": "user", "content": "again abc"}]
+    history = [
+        {"role": "user", "content": "abcabcabc"},
+        {"role": "assistant", "content": renderer.decode(answer)},
+        {"role": "user", "content": "again abc"},
+    ]
     assert turns[1]["prompt_tokens"] == len(renderer.encode(history))
     assert report["summary"]["ngram"]["identical_fraction"] == 1.0
     table = bench_report.format_summary(report)
@@ -98,12 +115,19 @@ def test_run_bench_records_and_follows_greedy_answers(teacher):
 def _naive_gap(teacher, sequence):
     """Top-1 minus top-2 logit after ``sequence``: one uncached forward, nothing shared."""
     t = len(sequence)
-    kv = KVCache(k=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
-                 v=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
-                 length=jnp.int32(0))
-    logits, _, _ = llama.forward(teacher.params, jnp.asarray(sequence, jnp.int32),
-                                 jnp.arange(t, dtype=jnp.int32), kv,
-                                 mask_lib.causal_mask(t, 0, t), config=CFG)
+    kv = KVCache(
+        k=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
+        v=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
+        length=jnp.int32(0),
+    )
+    logits, _, _ = llama.forward(
+        teacher.params,
+        jnp.asarray(sequence, jnp.int32),
+        jnp.arange(t, dtype=jnp.int32),
+        kv,
+        mask_lib.causal_mask(t, 0, t),
+        config=CFG,
+    )
     top = np.sort(np.asarray(logits[-1]))
     return float(top[-1] - top[-2])
 
@@ -112,8 +136,9 @@ def test_divergence_index_and_near_tie_gap(teacher):
     # Sampling at temperature 1 departs from greedy: a divergence to report.
     sampled = dataclasses.replace(SPEC, acceptance="sample", temperature=1.0, seed=5)
     conversations = [Conversation(id="d", category="x", turns=("hello world",))]
-    report = bench_run.run_bench(teacher, conversations, _methods(ngram_spec=sampled), ToyRenderer(),
-                             progress=False)
+    report = bench_run.run_bench(
+        teacher, conversations, _methods(ngram_spec=sampled), ToyRenderer(), progress=False
+    )
     record = report["turns"][0]["methods"]["ngram"]
     prompt = ToyRenderer().encode([{"role": "user", "content": "hello world"}])
     greedy = gen.generate(teacher, None, prompt, SPEC).tokens
@@ -135,19 +160,37 @@ def test_first_divergence():
 
 
 def _row(tps, speedup, tokens, rounds, identical):
-    return {"tokens_per_s": tps, "speedup": speedup, "new_tokens": tokens, "rounds": rounds,
-            "accepted_length": tokens / rounds, "identical_to_greedy": identical,
-            "compile_seconds": 0.5}
+    return {
+        "tokens_per_s": tps,
+        "speedup": speedup,
+        "new_tokens": tokens,
+        "rounds": rounds,
+        "accepted_length": tokens / rounds,
+        "identical_to_greedy": identical,
+        "compile_seconds": 0.5,
+    }
 
 
 def test_summary_math_by_hand():
     turns = [
-        {"methods": {"greedy": _row(10.0, 1.0, 10, 10, True),
-                     "ngram": _row(15.0, 1.5, 10, 5, True)}},
-        {"methods": {"greedy": _row(20.0, 1.0, 10, 10, True),
-                     "ngram": _row(20.0, 1.0, 10, 10, False)}},
-        {"methods": {"greedy": _row(40.0, 1.0, 40, 40, True),
-                     "ngram": _row(100.0, 2.5, 40, 10, True)}},
+        {
+            "methods": {
+                "greedy": _row(10.0, 1.0, 10, 10, True),
+                "ngram": _row(15.0, 1.5, 10, 5, True),
+            }
+        },
+        {
+            "methods": {
+                "greedy": _row(20.0, 1.0, 10, 10, True),
+                "ngram": _row(20.0, 1.0, 10, 10, False),
+            }
+        },
+        {
+            "methods": {
+                "greedy": _row(40.0, 1.0, 40, 40, True),
+                "ngram": _row(100.0, 2.5, 40, 10, True),
+            }
+        },
     ]
     s = bench_report.summarize_turns(turns, ["greedy", "ngram"])
     n = s["ngram"]
@@ -173,21 +216,27 @@ def test_summary_skips_missing_speedups():
     assert s["mean_accepted_length"] == 2.0
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("greedy,ngram", ("greedy", "ngram")),
-    ("ngram", ("greedy", "ngram")),
-    ("ngram, greedy", ("greedy", "ngram")),
-    (["eagle3", "greedy"], ("greedy", "eagle3")),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("greedy,ngram", ("greedy", "ngram")),
+        ("ngram", ("greedy", "ngram")),
+        ("ngram, greedy", ("greedy", "ngram")),
+        (["eagle3", "greedy"], ("greedy", "eagle3")),
+    ],
+)
 def test_parse_methods(text, expected):
     assert methods_lib.parse_methods(text) == expected
 
 
-@pytest.mark.parametrize("text,match", [
-    ("greedy,beam", "unknown method"),
-    ("ngram,ngram", "more than once"),
-    (" , ", "no methods"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("greedy,beam", "unknown method"),
+        ("ngram,ngram", "more than once"),
+        (" , ", "no methods"),
+    ],
+)
 def test_parse_methods_rejects(text, match):
     with pytest.raises(ValueError, match=match):
         methods_lib.parse_methods(text)
@@ -213,8 +262,9 @@ def test_make_method_depth_against_drafter_maximum():
     deep = SpecConfig(budget=6, depth=8)
     with pytest.raises(ValueError, match="depth 8 is above the eagle3 drafter's maximum 4"):
         methods_lib.make_method("eagle3", deep, eagle3_loader=lambda: (Capped(), None))
-    default = methods_lib.make_method("eagle3", deep, default_depth=True,
-                                eagle3_loader=lambda: (Capped(), None))
+    default = methods_lib.make_method(
+        "eagle3", deep, default_depth=True, eagle3_loader=lambda: (Capped(), None)
+    )
     assert default.spec.depth == 4
     # A shipped drafter keeps its own depth when the user chose none.
     own = methods_lib.make_method("eagle3", deep, default_depth=True, eagle3_loader=loader)
@@ -268,10 +318,16 @@ class FakePeer:
     def __call__(self, prompt_ids, spec, *, eos_id):
         self.calls.append((list(prompt_ids), spec.max_new_tokens, eos_id))
         n = len(self.tokens)
-        stats = gen.GenerationStats(new_tokens=n, rounds=self.rounds,
-                                    accepted_length=n / self.rounds, seconds=0.5,
-                                    prefill_seconds=0.1, tokens_per_s=20.0,
-                                    accepted_per_round=(), nodes_per_round=())
+        stats = gen.GenerationStats(
+            new_tokens=n,
+            rounds=self.rounds,
+            accepted_length=n / self.rounds,
+            seconds=0.5,
+            prefill_seconds=0.1,
+            tokens_per_s=20.0,
+            accepted_per_round=(),
+            nodes_per_round=(),
+        )
         return gen.GenerationResult(tokens=list(self.tokens), stats=stats)
 
     def describe(self):
@@ -286,23 +342,26 @@ def test_peer_runner_is_counted_like_our_methods(teacher):
     changed = list(greedy)
     changed[3] = (changed[3] + 1) % CFG.vocab_size
     same, other = FakePeer(list(greedy), rounds=5), FakePeer(changed[:9], rounds=3)
-    methods = _methods() + [methods_lib.Method(name="peer-same", spec=SPEC, runner=same),
-                            methods_lib.Method(name="peer-other", spec=SPEC, runner=other)]
+    methods = _methods() + [
+        methods_lib.Method(name="peer-same", spec=SPEC, runner=same),
+        methods_lib.Method(name="peer-other", spec=SPEC, runner=other),
+    ]
     report = bench_run.run_bench(teacher, conversations, methods, ToyRenderer(), progress=False)
     rows = report["turns"][0]["methods"]
     # Tokens are counted from the ids, accepted length = tokens / rounds for every kind.
-    for name, tokens, rounds in (("greedy", 12, 12), ("peer-same", 12, 5),
-                                 ("peer-other", 9, 3)):
+    for name, tokens, rounds in (("greedy", 12, 12), ("peer-same", 12, 5), ("peer-other", 9, 3)):
         assert rows[name]["new_tokens"] == tokens and rows[name]["rounds"] == rounds
         assert rows[name]["accepted_length"] == pytest.approx(tokens / rounds)
     assert rows["greedy"]["accepted_length"] == 1.0
     assert rows["ngram"]["accepted_length"] == pytest.approx(
-        rows["ngram"]["new_tokens"] / rows["ngram"]["rounds"])
+        rows["ngram"]["new_tokens"] / rows["ngram"]["rounds"]
+    )
     assert rows["peer-same"]["identical_to_greedy"]
     assert rows["peer-same"]["speedup"] == pytest.approx(20.0 / rows["greedy"]["tokens_per_s"])
     assert rows["peer-other"]["divergence_index"] == 3
     assert rows["peer-other"]["near_tie_gap"] == pytest.approx(
-        _naive_gap(teacher, prompt + greedy[:3]), abs=1e-4)
+        _naive_gap(teacher, prompt + greedy[:3]), abs=1e-4
+    )
     # Warm-up + one turn; the peer gets the prompt ids, the budget and the spec's eos.
     assert same.calls == [(prompt, 12, -7)] * 2
     assert report["methods"]["peer-same"]["runner"] == {"rounds": 5}
@@ -320,7 +379,10 @@ def test_peer_gets_the_teachers_eos_by_default(teacher):
 
 def test_make_peer_methods():
     assert methods_lib.parse_methods("transformers-pld,transformers-greedy") == (
-        "greedy", "transformers-pld", "transformers-greedy")
+        "greedy",
+        "transformers-pld",
+        "transformers-greedy",
+    )
     plain = methods_lib.make_method("transformers-greedy", SPEC)
     pld = methods_lib.make_method("transformers-pld", SPEC, torch_threads=1)
     assert plain.drafter is None and plain.runner.prompt_lookup is None
@@ -337,9 +399,11 @@ def test_missing_reference_package_names_the_extra(monkeypatch, package):
     import sys
 
     monkeypatch.setitem(sys.modules, package, None)  # as if not installed
-    with pytest.raises(drafter_registry.DrafterUnavailableError,
-                       match=rf"not installed: {package}\. Install them with: "
-                             r"pip install 'eaglepangu\[reference\]'"):
+    with pytest.raises(
+        drafter_registry.DrafterUnavailableError,
+        match=rf"not installed: {package}\. Install them with: "
+        r"pip install 'eaglepangu\[reference\]'",
+    ):
         methods_lib.make_method("transformers-greedy", SPEC)
 
 
@@ -357,16 +421,18 @@ class FakeBlock:
 
     def __post_init__(self):
         if not 1 <= self.depth <= self.block_size:
-            raise ValueError(f"depth must lie in [1, block_size = {self.block_size}], "
-                             f"got {self.depth}")
+            raise ValueError(
+                f"depth must lie in [1, block_size = {self.block_size}], got {self.depth}"
+            )
 
     @property
     def max_depth(self):
         return self.depth
 
 
-@pytest.mark.parametrize("policy,expected", [("drafter", "auto"), ("auto", "auto"),
-                                             ("best_first", "best_first")])
+@pytest.mark.parametrize(
+    "policy,expected", [("drafter", "auto"), ("auto", "auto"), ("best_first", "best_first")]
+)
 def test_block_method_runs_best_first(monkeypatch, policy, expected):
     budgets = []
 
@@ -381,7 +447,9 @@ def test_block_method_runs_best_first(monkeypatch, policy, expected):
     assert method.spec.depth == 3 and method.drafter.depth == 3  # the user's depth
     assert method.draft_params == {"w": 1} and budgets == [6]
     # A default depth: the drafter keeps its trained one.
-    default = methods_lib.make_method("block", dataclasses.replace(spec, depth=8), default_depth=True)
+    default = methods_lib.make_method(
+        "block", dataclasses.replace(spec, depth=8), default_depth=True
+    )
     assert default.spec.depth == 5 and default.drafter.depth == 5
     with pytest.raises(ValueError, match=r"block_size = 5\], got 8"):
         methods_lib.make_method("block", dataclasses.replace(spec, depth=8))
@@ -394,8 +462,10 @@ def test_block_absence_is_a_clear_error(monkeypatch):
 
     monkeypatch.delattr(drafters, "block", raising=False)
     monkeypatch.setitem(sys.modules, "eaglepangu_jax.drafters.block", None)  # import fails
-    with pytest.raises(drafter_registry.DrafterUnavailableError,
-                       match="the block drafter is not part of this installation"):
+    with pytest.raises(
+        drafter_registry.DrafterUnavailableError,
+        match="the block drafter is not part of this installation",
+    ):
         methods_lib.make_method("block", SPEC)
 
 
@@ -405,16 +475,20 @@ def test_shipped_loader_errors_are_shared(monkeypatch):
 
     module = types.ModuleType("eaglepangu_jax.drafters.fake")
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    with pytest.raises(drafter_registry.DrafterUnavailableError, match=r"has no load_shipped_fake\(\)"):
+    with pytest.raises(
+        drafter_registry.DrafterUnavailableError, match=r"has no load_shipped_fake\(\)"
+    ):
         drafter_registry.load_shipped("fake")
 
     def unreadable(**kwargs):
         raise OSError(f"no weights file ({kwargs})")
 
     module.load_shipped_fake = unreadable
-    with pytest.raises(drafter_registry.DrafterUnavailableError,
-                       match=r"fake shipped weights could not be loaded: no weights file "
-                             r"\({'budget': 3}\)"):
+    with pytest.raises(
+        drafter_registry.DrafterUnavailableError,
+        match=r"fake shipped weights could not be loaded: no weights file "
+        r"\({'budget': 3}\)",
+    ):
         drafter_registry.load_shipped("fake", budget=3)
     module.load_shipped_fake = lambda **kwargs: ("drafter", kwargs)
     assert drafter_registry.load_shipped("fake", depth=2) == ("drafter", {"depth": 2})

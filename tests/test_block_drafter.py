@@ -9,18 +9,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eaglepangu_jax.calibration import curve as cal_curve
 from eaglepangu_jax.drafters import DRAFTERS, block, eagle3, make_drafter
+from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.drafter import DraftContext
 from eaglepangu_jax.engine.decode import Teacher, generate
+from eaglepangu_jax.engine.drafter import DraftContext
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 from eaglepangu_jax.training import data as data_lib
-from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
 from eaglepangu_jax.training import train as train_lib
 from eaglepangu_jax.training import train_block
 
@@ -34,24 +35,36 @@ def tiny():
     params = random_params(CFG, jax.random.key(0))
     cfg = block.BlockConfig.for_teacher(CFG, 24, block_size=4, num_layers=2)
     d2t = jnp.asarray((np.arange(24) * 4) % CFG.vocab_size, jnp.int32)
-    head = _with_injection(block.init_head(cfg, jax.random.key(1), embed=params["embed"],
-                                           d2t=d2t, final_norm=params["final_norm"]))
+    head = _with_injection(
+        block.init_head(
+            cfg, jax.random.key(1), embed=params["embed"], d2t=d2t, final_norm=params["final_norm"]
+        )
+    )
     return params, cfg, block.make_params(head, params["embed"], d2t)
 
 
 def _with_injection(head):
     """``w_last`` starts at zero; a random one exercises the injected-context path too."""
     w = head["w_last"]
-    return {**head, "w_last": jax.random.normal(jax.random.key(9), w.shape, jnp.float32)
-            / jnp.float32(np.sqrt(w.shape[0]))}
+    return {
+        **head,
+        "w_last": jax.random.normal(jax.random.key(9), w.shape, jnp.float32)
+        / jnp.float32(np.sqrt(w.shape[0])),
+    }
 
 
 def _context(cfg, num_tokens=12, num_features=11, start=0, seed=5):
     tokens = jnp.asarray(np.arange(CAPACITY) % 50 + 3, jnp.int32)
-    feats = jax.random.normal(jax.random.key(seed), (num_features, len(cfg.feature_layers),
-                                                     cfg.hidden_size), jnp.float32)
-    return DraftContext(tokens=tokens, num_tokens=jnp.int32(num_tokens), features=feats,
-                        num_features=jnp.int32(num_features), start=jnp.int32(start))
+    feats = jax.random.normal(
+        jax.random.key(seed), (num_features, len(cfg.feature_layers), cfg.hidden_size), jnp.float32
+    )
+    return DraftContext(
+        tokens=tokens,
+        num_tokens=jnp.int32(num_tokens),
+        features=feats,
+        num_features=jnp.int32(num_features),
+        start=jnp.int32(start),
+    )
 
 
 def _marginals(drafter, params, ctx):
@@ -114,20 +127,23 @@ def test_incremental_updates_equal_one_init(tiny):
     _, cfg, params = tiny
     drafter = block.BlockDrafter(config=cfg)
     full = _context(cfg, num_tokens=12, num_features=11)
-    first = dataclasses.replace(full, num_tokens=jnp.int32(8), features=full.features[:7],
-                                num_features=jnp.int32(7))
+    first = dataclasses.replace(
+        full, num_tokens=jnp.int32(8), features=full.features[:7], num_features=jnp.int32(7)
+    )
     state = drafter.init_state(params, first)
     # Round: 4 accepted tokens; the rows of the last round's path are padded to depth + 1.
     feats = jnp.zeros((5,) + full.features.shape[1:], jnp.float32).at[:4].set(full.features[7:])
-    state = drafter.update(params, state, dataclasses.replace(full, features=feats,
-                                                              num_features=jnp.int32(4)))
+    state = drafter.update(
+        params, state, dataclasses.replace(full, features=feats, num_features=jnp.int32(4))
+    )
     once = drafter.init_state(params, full)
-    np.testing.assert_allclose(np.asarray(state.k[:, :11]), np.asarray(once.k[:, :11]),
-                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state.k[:, :11]), np.asarray(once.k[:, :11]), atol=1e-6)
     assert int(state.length) == int(once.length) == 11 and int(state.first) == 0
-    np.testing.assert_allclose(np.asarray(drafter.propose(params, state, full, None).marginals),
-                               np.asarray(drafter.propose(params, once, full, None).marginals),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(drafter.propose(params, state, full, None).marginals),
+        np.asarray(drafter.propose(params, once, full, None).marginals),
+        atol=1e-5,
+    )
 
 
 @given(st.integers(1, 11), st.integers(0, 10_000))
@@ -138,8 +154,9 @@ def test_start_hides_old_context(start, seed):
     params = random_params(CFG, jax.random.key(0))
     cfg = block.BlockConfig.for_teacher(CFG, 24, block_size=4, num_layers=2)
     d2t = jnp.asarray((np.arange(24) * 4) % CFG.vocab_size, jnp.int32)
-    dparams = block.make_params(_with_injection(block.init_head(cfg, jax.random.key(1))),
-                                params["embed"], d2t)
+    dparams = block.make_params(
+        _with_injection(block.init_head(cfg, jax.random.key(1))), params["embed"], d2t
+    )
     drafter = block.BlockDrafter(config=cfg)
     run = _jitted_marginals(drafter)
     ctx = _context(cfg, start=start)
@@ -188,8 +205,7 @@ def test_generation_with_block_drafter_equals_greedy(teacher, tiny, policy):
     for prompt in ([5, 9, 13, 17, 21, 25, 29], [7]):
         latency = cal_curve.auto_verify_latency(teacher.config, spec, len(prompt))
         plain = generate(teacher, None, prompt, spec)
-        out = generate(teacher, drafter, prompt, spec, draft_params=dparams,
-                       verify_latency=latency)
+        out = generate(teacher, drafter, prompt, spec, draft_params=dparams, verify_latency=latency)
         assert out.tokens == plain.tokens
         assert out.stats.rounds <= plain.stats.rounds
         assert max(out.stats.nodes_per_round) <= spec.budget
@@ -205,13 +221,22 @@ def _fake_setup(seed=0, block_size=3):
     for _ in range(2):
         lens = [14, 11, 16]
         # A learnable rule: the answer counts up, so every depth's target follows the root.
-        toks = np.concatenate([np.concatenate([rng.integers(3, 9, size=3),
-                                               3 + (np.arange(n - 3) + rng.integers(0, 5)) % 14])
-                               for n in lens]).astype(np.int32)
-        shards.append(data_lib.Shard(
-            tokens=toks, offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
-            prompt_lens=np.asarray([3, 3, 3], np.int32),
-            features=rng.normal(size=(sum(lens), f, h)).astype(np.float16)))
+        toks = np.concatenate(
+            [
+                np.concatenate(
+                    [rng.integers(3, 9, size=3), 3 + (np.arange(n - 3) + rng.integers(0, 5)) % 14]
+                )
+                for n in lens
+            ]
+        ).astype(np.int32)
+        shards.append(
+            data_lib.Shard(
+                tokens=toks,
+                offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+                prompt_lens=np.asarray([3, 3, 3], np.int32),
+                features=rng.normal(size=(sum(lens), f, h)).astype(np.float16),
+            )
+        )
     vocab = build_vocab(token_counts((s.tokens for s in shards), CFG.vocab_size), 20)
     cfg = block.BlockConfig.for_teacher(CFG, 20, block_size=block_size, num_layers=1)
     batches = train_lib.make_batches(shards, vocab, 16)
@@ -238,26 +263,46 @@ def test_anchors_lie_in_the_answer_region_and_targets_follow_them():
 
 def test_training_learns_is_deterministic_and_resumes_to_the_same_curve(tmp_path):
     cfg, vocab, batches, embed = _fake_setup()
-    tc = train_lib.TrainConfig(steps=24, batch_size=3, seq_len=16, anchors=6, warmup_steps=2,
-                               learning_rate=1e-2, checkpoint_every=4, context_window=4)
+    tc = train_lib.TrainConfig(
+        steps=24,
+        batch_size=3,
+        seq_len=16,
+        anchors=6,
+        warmup_steps=2,
+        learning_rate=1e-2,
+        checkpoint_every=4,
+        context_window=4,
+    )
     _, a = train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP, progress=False)
     _, b = train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP, progress=False)
     assert a == b and len(a) == 24 and all(np.isfinite(a))
     assert np.mean(a[-4:]) < 0.7 * np.mean(a[:4])
     ckpt = tmp_path / "run"
-    _, first = train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP,
-                               checkpoint=ckpt, progress=False, until=10)
+    _, first = train_lib.train(
+        batches, cfg, vocab, embed, tc, fingerprint=FP, checkpoint=ckpt, progress=False, until=10
+    )
     assert first == a[:10]
     assert checkpoint_lib.load_checkpoint(ckpt, fingerprint=FP)[3]["step"] == 10
-    _, resumed = train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP,
-                                 checkpoint=ckpt, progress=False)
+    _, resumed = train_lib.train(
+        batches, cfg, vocab, embed, tc, fingerprint=FP, checkpoint=ckpt, progress=False
+    )
     np.testing.assert_allclose(resumed, a, rtol=1e-5)
     with pytest.raises(ValueError, match="other settings.*anchors=6"):
-        train_lib.train(batches, cfg, vocab, embed, dataclasses.replace(tc, anchors=5),
-                        fingerprint=FP, checkpoint=ckpt, progress=False)
+        train_lib.train(
+            batches,
+            cfg,
+            vocab,
+            embed,
+            dataclasses.replace(tc, anchors=5),
+            fingerprint=FP,
+            checkpoint=ckpt,
+            progress=False,
+        )
     other = dataclasses.replace(tc, seed=1, steps=4)
-    assert train_lib.train(batches, cfg, vocab, embed, other, fingerprint=FP,
-                           progress=False)[1] != a[:4]
+    assert (
+        train_lib.train(batches, cfg, vocab, embed, other, fingerprint=FP, progress=False)[1]
+        != a[:4]
+    )
 
 
 def test_evaluate_reports_per_depth_accuracy():
@@ -268,8 +313,10 @@ def test_evaluate_reports_per_depth_accuracy():
     chain = report["chain"]
     assert all(chain[i + 1] <= chain[i] <= report["accuracy"][0] + 1e-9 for i in range(2))
     assert report["chain_accepted_length"] == pytest.approx(1 + sum(chain))
-    lo_hi = [train_block.anchor_range(int(p), int(n))
-             for p, n in zip(batches.prompt_lens, batches.lengths)]
+    lo_hi = [
+        train_block.anchor_range(int(p), int(n))
+        for p, n in zip(batches.prompt_lens, batches.lengths)
+    ]
     assert report["anchors"] == sum(hi - lo for lo, hi in lo_hi)
 
 
@@ -286,14 +333,18 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
     with pytest.raises(ValueError, match="teacher"):
         checkpoint_lib.load_checkpoint(path, fingerprint="0" * 64)
     wrong = dataclasses.replace(cfg, num_layers=2)
-    with pytest.raises(ValueError, match=r"'attn_norm' has shape \(1, 32\), the head needs "
-                                         r"\(2, 32\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"'attn_norm' has shape \(1, 32\), the head needs "
+        r"\(2, 32\)",
+    ):
         checkpoint_lib.load_checkpoint(path, fingerprint=FP, config=wrong)
     with pytest.raises(ValueError, match="kind 'block', not the 'eagle3'"):
         checkpoint_lib.load_checkpoint(path, fingerprint=FP, kind="eagle3")
     with pytest.raises(ValueError, match="kind 'block', not the 'eagle3'"):
-        checkpoint_lib.load_checkpoint(path, fingerprint=FP,
-                                  config=eagle3.Eagle3Config.for_teacher(CFG, 20))
+        checkpoint_lib.load_checkpoint(
+            path, fingerprint=FP, config=eagle3.Eagle3Config.for_teacher(CFG, 20)
+        )
 
 
 # ------------------------------------------------------------------------------ shipped
@@ -309,8 +360,7 @@ def test_shipped_block_drafter_on_real_teacher_is_lossless():
     assert drafter.max_depth == drafter.config.block_size
     tok = tokenizer.load_tokenizer()
     prompt = chat.encode_chat(tok, [{"role": "user", "content": "What is the capital of France?"}])
-    spec = SpecConfig(policy="best_first", budget=8, depth=drafter.max_depth,
-                      max_new_tokens=20)
+    spec = SpecConfig(policy="best_first", budget=8, depth=drafter.max_depth, max_new_tokens=20)
     plain = generate(teacher, None, prompt, spec)
     out = generate(teacher, drafter, prompt, spec, draft_params=dparams)
     assert out.tokens == plain.tokens

@@ -16,8 +16,9 @@ from eaglepangu_jax.models.config import LlamaConfig
 # TRUTH, forwards of up to 15-27 tokens are memory-bound, larger ones compute-bound, so both
 # regimes show up in samples.
 TINY = B.Roofline.for_llama(LlamaConfig.tiny(), peak_flops=1e9, bandwidth=1e8)
-TRUTH = B.Calibration(a_c=jnp.float32(2.0), b_c=jnp.float32(5e-5), a_m=jnp.float32(1.5),
-                      b_m=jnp.float32(1e-4))
+TRUTH = B.Calibration(
+    a_c=jnp.float32(2.0), b_c=jnp.float32(5e-5), a_m=jnp.float32(1.5), b_m=jnp.float32(1e-4)
+)
 
 
 def grid():
@@ -33,8 +34,14 @@ def coeffs(calib):
 
 
 def test_roofline_literal_counts():
-    assert (TINY.num_layers, TINY.hidden, TINY.q_width, TINY.kv_width, TINY.ffn,
-            TINY.vocab) == (3, 32, 32, 16, 64, 97)
+    assert (TINY.num_layers, TINY.hidden, TINY.q_width, TINY.kv_width, TINY.ffn, TINY.vocab) == (
+        3,
+        32,
+        32,
+        16,
+        64,
+        97,
+    )
     # s=2, c=3. Per layer 2*2*32*32 + 4*2*32*16 + 4*2*5*32 + 2*2*32*32 + 6*2*32*64 = 38144;
     # 3 layers + lm head 2*2*32*97 = 126848.
     np.testing.assert_allclose(TINY.flops(2, 3), 126848, rtol=1e-6)
@@ -98,8 +105,9 @@ def test_calibrate_keeps_coefficients_non_negative():
     np.testing.assert_allclose(B.latency(TINY, fit, s, 0.0), np.mean(samples[:, 2]), rtol=0.1)
 
 
-@pytest.mark.parametrize("bad", [np.zeros((0, 3)), np.zeros((4, 2)),
-                                 [[1.0, 0.0, float("nan")]], [[1.0, 0.0, -1.0]]])
+@pytest.mark.parametrize(
+    "bad", [np.zeros((0, 3)), np.zeros((4, 2)), [[1.0, 0.0, float("nan")]], [[1.0, 0.0, -1.0]]]
+)
 def test_calibrate_rejects_bad_samples(bad):
     with pytest.raises(ValueError, match="samples"):
         B.calibrate(TINY, bad)
@@ -122,15 +130,23 @@ def brute_force_budget(logscores, verify, t_draft, t_other):
 @st.composite
 def budget_problems(draw, max_n=12):
     n = draw(st.integers(1, max_n))
-    logs = draw(st.lists(st.one_of(st.floats(-8.0, 0.0, width=32), st.just(float("nan"))),
-                         min_size=n, max_size=n))
+    logs = draw(
+        st.lists(
+            st.one_of(st.floats(-8.0, 0.0, width=32), st.just(float("nan"))), min_size=n, max_size=n
+        )
+    )
     logs = sorted(logs, key=lambda x: -np.inf if np.isnan(x) else x, reverse=True)
-    verify = np.cumsum(draw(st.lists(st.floats(0.0, 0.0625, width=32), min_size=n + 1,
-                                     max_size=n + 1)))
+    verify = np.cumsum(
+        draw(st.lists(st.floats(0.0, 0.0625, width=32), min_size=n + 1, max_size=n + 1))
+    )
     t_draft = draw(st.floats(0.0, 0.0625, width=32))
     t_other = draw(st.floats(0.0, 0.015625, width=32))
-    return (np.asarray(logs, np.float32), verify.astype(np.float32), np.float32(t_draft),
-            np.float32(t_other))
+    return (
+        np.asarray(logs, np.float32),
+        verify.astype(np.float32),
+        np.float32(t_draft),
+        np.float32(t_other),
+    )
 
 
 @given(budget_problems())
@@ -193,8 +209,10 @@ def test_choose_budget_vmaps_and_does_not_recompile():
 def stream(n, seed):
     """Log-uniform forward sizes in [1, 128]: about half of them memory-bound."""
     rng = np.random.default_rng(seed)
-    return (np.round(np.exp(rng.uniform(0.0, np.log(128.0), n))).astype(np.float32),
-            rng.choice([0.0, 64.0, 200.0], n).astype(np.float32))
+    return (
+        np.round(np.exp(rng.uniform(0.0, np.log(128.0), n))).astype(np.float32),
+        rng.choice([0.0, 64.0, 200.0], n).astype(np.float32),
+    )
 
 
 @pytest.mark.parametrize("k_c,k_m", [(1.25, 0.8), (0.8, 1.3), (1.0, 1.0), (2.0, 2.0)])
@@ -208,6 +226,7 @@ def test_online_scales_converge_to_a_scaled_truth(k_c, k_m):
     def run(state):
         def step(st, obs):
             return B.observe(st, *obs, decay=0.9), None
+
         return jax.lax.scan(step, state, (s, c, seconds))[0]
 
     final = run(state)
@@ -227,5 +246,6 @@ def test_observe_ignores_bad_measurements_and_is_a_pytree():
         after = B.observe(state, 4.0, 0.0, bad)
         for got, want in zip(jax.tree.leaves(after), jax.tree.leaves(state)):
             np.testing.assert_array_equal(got, want)
-    np.testing.assert_allclose(B.corrected_latency(state, 4.0, 0.0),
-                               B.latency(TINY, TRUTH, 4.0, 0.0), rtol=1e-6)
+    np.testing.assert_allclose(
+        B.corrected_latency(state, 4.0, 0.0), B.latency(TINY, TRUTH, 4.0, 0.0), rtol=1e-6
+    )

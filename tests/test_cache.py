@@ -20,8 +20,7 @@ def sentinel_cache(num_slots: int, length: int) -> cache_lib.KVCache:
     """Every (layer, slot, head, dim) entry holds a distinct value; v = -k - 1."""
     k = np.arange(LAYERS * num_slots * HEADS * HEAD_DIM, dtype=np.float32)
     k = k.reshape(LAYERS, num_slots, HEADS, HEAD_DIM)
-    return cache_lib.KVCache(k=jnp.asarray(k), v=jnp.asarray(-k - 1),
-                             length=jnp.int32(length))
+    return cache_lib.KVCache(k=jnp.asarray(k), v=jnp.asarray(-k - 1), length=jnp.int32(length))
 
 
 def oracle_commit(kv: np.ndarray, base: int, path, length: int) -> np.ndarray:
@@ -54,6 +53,7 @@ class FakeAcceptance:
 
 
 # --- exact cases -------------------------------------------------------------------------
+
 
 def test_commit_literal_example():
     # The module docstring's example: length 10, accepted path [0, 2, 5], bonus not stored.
@@ -105,11 +105,14 @@ def test_rejected_everything_commits_the_root_only():
     assert int(got.length) == 4
 
 
-@pytest.mark.parametrize("path,length", [
-    ([0, 2, 3, 4], 3),   # each source is the previous entry's destination
-    ([0, 3, 1, 2], 3),   # not a tree path: sources behind destinations, read before written
-    ([0, 2, 1, 1], 2),   # swap of two neighbours
-])
+@pytest.mark.parametrize(
+    "path,length",
+    [
+        ([0, 2, 3, 4], 3),  # each source is the previous entry's destination
+        ([0, 3, 1, 2], 3),  # not a tree path: sources behind destinations, read before written
+        ([0, 2, 1, 1], 2),  # swap of two neighbours
+    ],
+)
 def test_overlapping_moves_read_before_write(path, length):
     cache = sentinel_cache(10, 2)
     got = commit_jit(cache, jnp.array(path, jnp.int32), jnp.int32(length))
@@ -135,8 +138,9 @@ def test_commit_rejects_bad_paths():
 
 def test_commit_acceptance_reads_attributes():
     cache = sentinel_cache(16, 1)
-    acceptance = FakeAcceptance(length=jnp.int32(2), path=jnp.array([0, 1, 4, 4], jnp.int32),
-                                next_token=jnp.int32(7))
+    acceptance = FakeAcceptance(
+        length=jnp.int32(2), path=jnp.array([0, 1, 4, 4], jnp.int32), next_token=jnp.int32(7)
+    )
     got = jax.jit(cache_lib.commit_acceptance)(cache, acceptance)
     check_against_oracle(cache, [0, 1, 4, 4], 2, got)
 
@@ -207,7 +211,8 @@ def test_commit_tree_paths_match_oracle(data):
     for i in range(1, n):
         depth[i] = depth[parents[i]] + 1
     valid = np.array([d <= WIDTH - 1 for d in depth]) & np.array(
-        [True] + [data.draw(st.booleans()) for _ in range(1, n)])
+        [True] + [data.draw(st.booleans()) for _ in range(1, n)]
+    )
     for i in range(1, n):
         valid[i] &= valid[parents[i]]
     tree = build(np.asarray(parents, np.int32), valid)
@@ -218,12 +223,14 @@ def test_commit_tree_paths_match_oracle(data):
     got = commit_jit(cache, path, jnp.int32(length))
     check_against_oracle(cache, np.asarray(path), length, got)
     # A tree path is increasing, so the in-place prefix is exactly where path[k] == k.
-    in_place = int(np.argmin(np.append(np.asarray(path)[: length + 1] == np.arange(length + 1),
-                                       False)))
+    in_place = int(
+        np.argmin(np.append(np.asarray(path)[: length + 1] == np.arange(length + 1), False))
+    )
     np.testing.assert_array_equal(got.k[:, : base + in_place], cache.k[:, : base + in_place])
 
 
 # --- jit, vmap, no recompilation ---------------------------------------------------------
+
 
 def test_vmap_over_caches():
     cases = [([0, 1, 2, 3], 3, 0), ([0, 2, 5, 6], 2, 4), ([0, 3, 1, 2], 3, 9)]
@@ -233,7 +240,7 @@ def test_vmap_over_caches():
     lengths = jnp.array([n for _, n, _ in cases], jnp.int32)
     got = jax.jit(jax.vmap(cache_lib.commit))(batch, paths, lengths)
     for b, (path, length, _) in enumerate(cases):
-        one = jax.tree.map(lambda x: x[b], got)
+        one = jax.tree.map(lambda x, b=b: x[b], got)
         check_against_oracle(caches[b], path, length, one)
     advanced = jax.vmap(cache_lib.commit_length)(batch, lengths)
     np.testing.assert_array_equal(advanced.length, np.array([4, 7, 13]))

@@ -8,19 +8,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eaglepangu_jax import budget as budget_lib
 from eaglepangu_jax.calibration import curve as cal_curve
 from eaglepangu_jax.calibration import fit as cal_fit
 from eaglepangu_jax.calibration import measure as cal_measure
-from eaglepangu_jax.evaluation import calibration_report as cal_report
 from eaglepangu_jax.calibration import store as cal_store
 from eaglepangu_jax.cli import calibrate as cli_calibrate
-from eaglepangu_jax.evaluation import plots
-from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.evaluation import calibration_report as cal_report
+from eaglepangu_jax.evaluation import plots
+from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 
@@ -37,17 +38,30 @@ def teacher():
 @pytest.fixture(scope="module")
 def measured(teacher):
     """One real (tiny) calibration shared by the tests that need measurements."""
-    return cal_measure.calibrate_teacher(teacher, slots=SLOTS, contexts=CONTEXTS, repeats=REPEATS,
-                                 drafters={"ngram": methods_lib.make_method("ngram", SPEC)})
+    return cal_measure.calibrate_teacher(
+        teacher,
+        slots=SLOTS,
+        contexts=CONTEXTS,
+        repeats=REPEATS,
+        drafters={"ngram": methods_lib.make_method("ngram", SPEC)},
+    )
 
 
 def synthetic(**override) -> cal_store.MachineCalibration:
     """A calibration with known coefficients and overheads (no timing noise)."""
     base = cal_curve.uncalibrated(CFG)
-    values = dict(a_c=3.0, b_c=2e-4, a_m=1.5, b_m=1e-4, t_other=5e-4,
-                  t_draft={"ngram": 2.5e-4}, samples=(
-                      cal_store.Sample(slots=1, context=8, window=256, seconds=1e-3, times=(1e-3,)),
-                      cal_store.Sample(slots=4, context=8, window=256, seconds=2e-3, times=(2e-3,))))
+    values = dict(
+        a_c=3.0,
+        b_c=2e-4,
+        a_m=1.5,
+        b_m=1e-4,
+        t_other=5e-4,
+        t_draft={"ngram": 2.5e-4},
+        samples=(
+            cal_store.Sample(slots=1, context=8, window=256, seconds=1e-3, times=(1e-3,)),
+            cal_store.Sample(slots=4, context=8, window=256, seconds=2e-3, times=(2e-3,)),
+        ),
+    )
     return dataclasses.replace(base, **{**values, **override})
 
 
@@ -95,31 +109,47 @@ def test_fit_uses_the_window_as_context():
         t = float(cal_fit.roofline_prediction(truth, CFG, s, c))
         rows.append(cal_store.Sample(slots=s, context=c, window=w, seconds=t, times=(t,)))
     fit = cal_fit.fit_samples(rows, roofline)
-    again = dataclasses.replace(truth, **{k: float(getattr(fit, k)) for k in
-                                          ("a_c", "b_c", "a_m", "b_m")})
-    np.testing.assert_allclose(cal_fit.roofline_prediction(again, CFG, [1, 16, 64], 300),
-                               cal_fit.roofline_prediction(truth, CFG, [1, 16, 64], 300), rtol=1e-3)
+    again = dataclasses.replace(
+        truth, **{k: float(getattr(fit, k)) for k in ("a_c", "b_c", "a_m", "b_m")}
+    )
+    np.testing.assert_allclose(
+        cal_fit.roofline_prediction(again, CFG, [1, 16, 64], 300),
+        cal_fit.roofline_prediction(truth, CFG, [1, 16, 64], 300),
+        rtol=1e-3,
+    )
 
 
 def test_predict_interpolates_the_measured_grid():
     """Measured points are reproduced; between slot counts the line joins them; between
     windows the log-window mix; beyond the grid the roofline's relative change."""
     base = dataclasses.replace(synthetic(), samples=())
-    rows = [cal_store.Sample(slots=s, context=0, window=w, seconds=t, times=(t,))
-            for (s, w, t) in [(1, 256, 0.050), (4, 256, 0.074), (16, 256, 0.114),
-                              (1, 1024, 0.080), (4, 1024, 0.120), (16, 1024, 0.200)]]
+    rows = [
+        cal_store.Sample(slots=s, context=0, window=w, seconds=t, times=(t,))
+        for (s, w, t) in [
+            (1, 256, 0.050),
+            (4, 256, 0.074),
+            (16, 256, 0.114),
+            (1, 1024, 0.080),
+            (4, 1024, 0.120),
+            (16, 1024, 0.200),
+        ]
+    ]
     calibration = dataclasses.replace(base, samples=tuple(rows))
     for x in rows:
-        assert float(cal_fit.predict(calibration, CFG, x.slots, 0, window=x.window)) == \
-            pytest.approx(x.seconds)
+        assert float(
+            cal_fit.predict(calibration, CFG, x.slots, 0, window=x.window)
+        ) == pytest.approx(x.seconds)
     assert float(cal_fit.predict(calibration, CFG, 10, 0, window=256)) == pytest.approx(0.094)
     assert float(cal_fit.predict(calibration, CFG, 4, 0, window=512)) == pytest.approx(0.097)
-    ratio = (cal_fit.roofline_prediction(base, CFG, 32, 0, window=256)
-             / cal_fit.roofline_prediction(base, CFG, 16, 0, window=256))
-    assert float(cal_fit.predict(calibration, CFG, 32, 0, window=256)) == \
-        pytest.approx(0.114 * float(ratio))
-    assert float(cal_fit.predict(base, CFG, 4, 0, window=256)) == \
-        pytest.approx(float(cal_fit.roofline_prediction(base, CFG, 4, 0, window=256)))
+    ratio = cal_fit.roofline_prediction(base, CFG, 32, 0, window=256) / cal_fit.roofline_prediction(
+        base, CFG, 16, 0, window=256
+    )
+    assert float(cal_fit.predict(calibration, CFG, 32, 0, window=256)) == pytest.approx(
+        0.114 * float(ratio)
+    )
+    assert float(cal_fit.predict(base, CFG, 4, 0, window=256)) == pytest.approx(
+        float(cal_fit.roofline_prediction(base, CFG, 4, 0, window=256))
+    )
 
 
 # ----------------------------------------------------------------------------- saving
@@ -166,15 +196,18 @@ def _corrupt(data: dict, change) -> dict:
     return data
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(format="something-else"), "not a eaglepangu-calibration"),
-    (lambda d: d["fit"].pop("a_m"), "'a_m' is missing"),
-    (lambda d: d["fit"].update(b_c=-1.0), "b_c must be finite and >= 0"),
-    (lambda d: d["fit"].update(a_c="fast"), "a_c must be a number"),
-    (lambda d: d["roofline"].update(bandwidth=0), "bandwidth must be > 0"),
-    (lambda d: d["samples"][0].update(seconds=None), "seconds must be a number"),
-    (lambda d: d.update(t_draft=[1, 2]), "corrupt"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.update(format="something-else"), "not a eaglepangu-calibration"),
+        (lambda d: d["fit"].pop("a_m"), "'a_m' is missing"),
+        (lambda d: d["fit"].update(b_c=-1.0), "b_c must be finite and >= 0"),
+        (lambda d: d["fit"].update(a_c="fast"), "a_c must be a number"),
+        (lambda d: d["roofline"].update(bandwidth=0), "bandwidth must be > 0"),
+        (lambda d: d["samples"][0].update(seconds=None), "seconds must be a number"),
+        (lambda d: d.update(t_draft=[1, 2]), "corrupt"),
+    ],
+)
 def test_load_refuses_corrupt_fields(tmp_path, change, message):
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(_corrupt(cal_store.to_json(synthetic()), change)))
@@ -188,8 +221,9 @@ def test_load_refuses_truncated_json_other_versions_and_teachers(tmp_path):
     path.write_text(text[: len(text) // 2])
     with pytest.raises(cal_store.CalibrationFileError, match="corrupt.*not JSON"):
         cal_store.load_calibration(path)
-    path.write_text(json.dumps(_corrupt(cal_store.to_json(synthetic()),
-                                        lambda d: d.update(version=99))))
+    path.write_text(
+        json.dumps(_corrupt(cal_store.to_json(synthetic()), lambda d: d.update(version=99)))
+    )
     with pytest.raises(cal_store.CalibrationFileError, match="version 99"):
         cal_store.load_calibration(path)
     cal_store.save_calibration(synthetic(), path)
@@ -212,7 +246,7 @@ def test_curve_shape_monotone_and_bucket_steps():
     assert np.all(np.diff(curve) >= 0)
     # Buckets 1, 4, 16, 21: node counts 0 | 1-3 | 4-15 | 16-20 share their bucket's cost.
     for lo, hi in [(0, 0), (1, 3), (4, 15), (16, 20)]:
-        assert np.all(curve[lo:hi + 1] == curve[lo])
+        assert np.all(curve[lo : hi + 1] == curve[lo])
     assert len(np.unique(curve)) == 4
     flat = np.asarray(cal_curve.verify_latency_curve(calibration, CFG, 100, budget, bucketed=False))
     assert np.all(np.diff(flat) > 0)  # a_c > 0: every extra slot costs
@@ -225,8 +259,9 @@ def test_curve_adds_the_overheads_and_matches_predict():
     plain = np.asarray(cal_curve.verify_latency_curve(calibration, CFG, 100, 8, bucketed=False))
     verify = cal_fit.predict(calibration, CFG, np.arange(1, 10), 100, window=window)
     np.testing.assert_allclose(plain, verify + 5e-4, rtol=1e-6)
-    with_draft = np.asarray(cal_curve.verify_latency_curve(calibration, CFG, 100, 8, bucketed=False,
-                                                     drafter="ngram"))
+    with_draft = np.asarray(
+        cal_curve.verify_latency_curve(calibration, CFG, 100, 8, bucketed=False, drafter="ngram")
+    )
     np.testing.assert_allclose(with_draft - plain, 2.5e-4, rtol=1e-4)
 
 
@@ -248,18 +283,20 @@ def test_curve_rejects_bad_input():
     t_other=st.integers(0, 512),
     logs=st.lists(st.floats(-12.0, 0.0), min_size=11, max_size=11),
 )
-def test_folding_constant_overheads_into_the_curve_keeps_the_choice(steps, base, t_draft,
-                                                                   t_other, logs):
+def test_folding_constant_overheads_into_the_curve_keeps_the_choice(
+    steps, base, t_draft, t_other, logs
+):
     """choose_budget(curve + t_draft + t_other, 0, 0) == choose_budget(curve, t_draft, t_other).
 
     Times are multiples of 2**-10 s, so float32 sums are exact and the identity holds bit for
     bit (in real arithmetic it holds always: the rule compares C(n) and differences of T).
     """
-    unit = 2.0 ** -10
+    unit = 2.0**-10
     verify = np.float32(unit) * np.cumsum([base] + steps[1:]).astype(np.float32)
     logscores = jnp.asarray(sorted(logs, reverse=True), jnp.float32)
-    explicit = budget_lib.choose_budget(logscores, jnp.asarray(verify), t_draft * unit,
-                                        t_other * unit)
+    explicit = budget_lib.choose_budget(
+        logscores, jnp.asarray(verify), t_draft * unit, t_other * unit
+    )
     folded_curve = verify + np.float32((t_draft + t_other) * unit)
     folded = budget_lib.choose_budget(logscores, jnp.asarray(folded_curve), 0.0, 0.0)
     assert int(folded) == int(explicit)
@@ -270,8 +307,9 @@ def test_folded_curve_gives_the_controller_the_same_answer():
     logscores = jnp.log(jnp.asarray([0.9, 0.8, 0.5, 0.45, 0.3, 0.2, 0.1, 0.05], jnp.float32))
     bare = dataclasses.replace(calibration, t_other=0.0, t_draft={"ngram": 0.0})
     curve = cal_curve.verify_latency_curve(bare, CFG, 100, 8, bucketed=False)
-    folded = cal_curve.verify_latency_curve(calibration, CFG, 100, 8, bucketed=False,
-                                      drafter="ngram")
+    folded = cal_curve.verify_latency_curve(
+        calibration, CFG, 100, 8, bucketed=False, drafter="ngram"
+    )
     explicit = budget_lib.choose_budget(logscores, curve, 2.5e-4, 5e-4)
     assert int(budget_lib.choose_budget(logscores, folded, 0.0, 0.0)) == int(explicit)
 
@@ -281,18 +319,21 @@ def test_curve_for_uses_a_saved_calibration_and_falls_back(tmp_path, caplog):
     path = cal_store.save_calibration(synthetic(), tmp_path / "cal.json")
     np.testing.assert_array_equal(
         cal_curve.curve_for(CFG, spec, 50, "ngram", path=path),
-        cal_curve.verify_latency_curve(synthetic(), CFG, 50, 8, drafter="ngram"))
+        cal_curve.verify_latency_curve(synthetic(), CFG, 50, 8, drafter="ngram"),
+    )
     fallback = np.asarray(cal_curve.verify_latency_curve(cal_curve.uncalibrated(CFG), CFG, 50, 8))
-    np.testing.assert_array_equal(cal_curve.curve_for(CFG, spec, 50, path=tmp_path / "no.json"),
-                                  fallback)
+    np.testing.assert_array_equal(
+        cal_curve.curve_for(CFG, spec, 50, path=tmp_path / "no.json"), fallback
+    )
     # Corrupt, another teacher's, another machine's: the uncalibrated roofline, with a reason.
     (tmp_path / "bad.json").write_text("{")
     other_machine = dataclasses.replace(synthetic(), machine={"backend": "tpu"})
     cal_store.save_calibration(other_machine, tmp_path / "other.json")
     for name, reason in [("bad.json", "corrupt"), ("other.json", "another machine")]:
         caplog.clear()
-        np.testing.assert_array_equal(cal_curve.curve_for(CFG, spec, 50, path=tmp_path / name),
-                                      fallback)
+        np.testing.assert_array_equal(
+            cal_curve.curve_for(CFG, spec, 50, path=tmp_path / name), fallback
+        )
         assert reason in caplog.text
     bigger = dataclasses.replace(CFG, num_layers=4)
     assert cal_curve.curve_for(bigger, spec, 50, path=path).shape == (9,)
@@ -300,7 +341,8 @@ def test_curve_for_uses_a_saved_calibration_and_falls_back(tmp_path, caplog):
     caplog.clear()
     np.testing.assert_array_equal(
         cal_curve.curve_for(CFG, spec, 50, "eagle3", path=path),
-        cal_curve.verify_latency_curve(synthetic(), CFG, 50, 8))
+        cal_curve.verify_latency_curve(synthetic(), CFG, 50, 8),
+    )
     assert "eagle3" in caplog.text
 
 
@@ -318,7 +360,6 @@ def test_report_table_and_plot(measured, tmp_path):
 
 
 def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path):
-    from eaglepangu_jax.evaluation import plots
 
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     with pytest.raises(plots.PlotsUnavailableError, match="plots"):
@@ -329,18 +370,21 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path):
 # ----------------------------------------------------------------------------- command line
 
 
-@pytest.mark.parametrize("argv, option", [
-    (["--slots", "0,4"], "--slots"),
-    (["--slots", "a,b"], "--slots"),
-    (["--slots", ""], "--slots"),
-    (["--contexts", "-5"], "--contexts"),
-    (["--repeats", "0"], "--repeats"),
-    (["--drafters", "nope"], "--drafters"),
-    (["--slots", "600"], "--slots"),
-    (["--slots", "64", "--contexts", "500"], "--contexts"),
-    (["--out", "/no/such/folder/c.json"], "--out"),
-    (["--plot", "/no/such/folder/c.png"], "--plot"),
-])
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["--slots", "0,4"], "--slots"),
+        (["--slots", "a,b"], "--slots"),
+        (["--slots", ""], "--slots"),
+        (["--contexts", "-5"], "--contexts"),
+        (["--repeats", "0"], "--repeats"),
+        (["--drafters", "nope"], "--drafters"),
+        (["--slots", "600"], "--slots"),
+        (["--slots", "64", "--contexts", "500"], "--contexts"),
+        (["--out", "/no/such/folder/c.json"], "--out"),
+        (["--plot", "/no/such/folder/c.png"], "--plot"),
+    ],
+)
 def test_cli_rejects_bad_values(teacher, capsys, argv, option):
     with pytest.raises(SystemExit) as exit_info:
         cli_calibrate.main(argv, teacher=teacher)
@@ -350,10 +394,24 @@ def test_cli_rejects_bad_values(teacher, capsys, argv, option):
 
 def test_cli_measures_saves_and_plots(teacher, measured, tmp_path, capsys):
     out, png = tmp_path / "cal.json", tmp_path / "cal.png"
-    code = cli_calibrate.main(["--slots", ",".join(map(str, SLOTS)),
-                     "--contexts", ",".join(map(str, CONTEXTS)), "--repeats", "1",
-                     "--drafters", "ngram", "--json", str(out), "--plot", str(png),
-                     "--no-progress"], teacher=teacher)
+    code = cli_calibrate.main(
+        [
+            "--slots",
+            ",".join(map(str, SLOTS)),
+            "--contexts",
+            ",".join(map(str, CONTEXTS)),
+            "--repeats",
+            "1",
+            "--drafters",
+            "ngram",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--no-progress",
+        ],
+        teacher=teacher,
+    )
     assert code == 0
     saved = cal_store.load_calibration(out, config=CFG)
     assert len(saved.samples) == len(SLOTS) * len(CONTEXTS) and set(saved.t_draft) == {"ngram"}

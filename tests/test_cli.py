@@ -6,18 +6,17 @@ import json
 
 import jax
 import pytest
+from test_bench import ToyRenderer
 
 from eaglepangu_jax import runtime
-from eaglepangu_jax.cli import bench as cli_bench
 from eaglepangu_jax.cli import app as cli_main
+from eaglepangu_jax.cli import bench as cli_bench
 from eaglepangu_jax.drafters import registry as drafter_registry
 from eaglepangu_jax.engine import decode as gen
-from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.engine import trace
+from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
-
-from test_bench import ToyRenderer
 
 CFG = LlamaConfig.tiny(vocab_size=61, max_position=512)
 
@@ -61,29 +60,39 @@ def test_help_reads_like_a_guide(capsys):
         cli_main.main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for text in ("examples:", "eaglepangu generate", "eaglepangu bench", "eaglepangu demo",
-                 "trace summarize"):
+    for text in (
+        "examples:",
+        "eaglepangu generate",
+        "eaglepangu bench",
+        "eaglepangu demo",
+        "trace summarize",
+    ):
         assert text in out
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["generate", "hi", "--budget", "0"], "budget must be >= 1"),
-    (["generate", "hi", "--budget", "many"], "expected 'auto' or a whole number"),
-    (["generate", "hi", "--depth", "0"], "must be >= 1"),
-    (["generate", "hi", "--temperature", "-0.5"], "temperature must be >= 0"),
-    (["generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
-    (["generate", "hi", "--drafter", "medusa"], "invalid choice: 'medusa'"),
-    (["generate", "hi", "--policy", "widest"], "invalid choice: 'widest'"),
-    (["generate", "hi", "--max-new-tokens", "0"], "must be >= 1"),
-    (["generate", "hi", "--json", "/no/such/folder/out.json"], "folder does not exist"),
-    (["bench", "--suite", "humaneval", "--json", "o.json", "--methods", "greedy,beam"],
-     "unknown method(s) ['beam']"),
-    (["bench", "--suite", "nope", "--json", "o.json"], "invalid choice: 'nope'"),
-    (["bench", "--json", "o.json"], "one of the arguments --prompts --suite is required"),
-    (["bench", "--suite", "humaneval"], "the following arguments are required: --json"),
-    (["bench", "--suite", "humaneval", "--json", "o.json", "--limit", "0"], "must be >= 1"),
-    (["trace", "summarize", "/no/such/trace.jsonl"], "No such file"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["generate", "hi", "--budget", "0"], "budget must be >= 1"),
+        (["generate", "hi", "--budget", "many"], "expected 'auto' or a whole number"),
+        (["generate", "hi", "--depth", "0"], "must be >= 1"),
+        (["generate", "hi", "--temperature", "-0.5"], "temperature must be >= 0"),
+        (["generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+        (["generate", "hi", "--drafter", "medusa"], "invalid choice: 'medusa'"),
+        (["generate", "hi", "--policy", "widest"], "invalid choice: 'widest'"),
+        (["generate", "hi", "--max-new-tokens", "0"], "must be >= 1"),
+        (["generate", "hi", "--json", "/no/such/folder/out.json"], "folder does not exist"),
+        (
+            ["bench", "--suite", "humaneval", "--json", "o.json", "--methods", "greedy,beam"],
+            "unknown method(s) ['beam']",
+        ),
+        (["bench", "--suite", "nope", "--json", "o.json"], "invalid choice: 'nope'"),
+        (["bench", "--json", "o.json"], "one of the arguments --prompts --suite is required"),
+        (["bench", "--suite", "humaneval"], "the following arguments are required: --json"),
+        (["bench", "--suite", "humaneval", "--json", "o.json", "--limit", "0"], "must be >= 1"),
+        (["trace", "summarize", "/no/such/trace.jsonl"], "No such file"),
+    ],
+)
 def test_bad_flags_fail_before_loading(argv, match, capsys, no_model):
     _fails(argv, capsys, match)
 
@@ -91,25 +100,38 @@ def test_bad_flags_fail_before_loading(argv, match, capsys, no_model):
 def test_bad_prompt_files_fail_before_loading(tmp_path, capsys, no_model):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
-    _fails(["bench", "--prompts", str(empty), "--json", str(tmp_path / "o.json")], capsys,
-           "no conversations")
+    _fails(
+        ["bench", "--prompts", str(empty), "--json", str(tmp_path / "o.json")],
+        capsys,
+        "no conversations",
+    )
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1, "turns": ["ok"]}\n{"id": 2, "turns": [}\n')
-    _fails(["bench", "--prompts", str(bad), "--json", str(tmp_path / "o.json")], capsys,
-           "bad.jsonl, line 2: invalid JSON")
-    _fails(["bench", "--prompts", str(tmp_path / "missing.jsonl"), "--json",
-            str(tmp_path / "o.json")], capsys, "missing.jsonl")
+    _fails(
+        ["bench", "--prompts", str(bad), "--json", str(tmp_path / "o.json")],
+        capsys,
+        "bad.jsonl, line 2: invalid JSON",
+    )
+    _fails(
+        ["bench", "--prompts", str(tmp_path / "missing.jsonl"), "--json", str(tmp_path / "o.json")],
+        capsys,
+        "missing.jsonl",
+    )
 
 
 def test_eagle3_unavailable_or_too_deep_fails_before_loading(monkeypatch, capsys, no_model):
     def missing():
-        raise drafter_registry.DrafterUnavailableError("the eagle3 drafter is not part of this "
-                                            "installation")
+        raise drafter_registry.DrafterUnavailableError(
+            "the eagle3 drafter is not part of this installation"
+        )
 
     monkeypatch.setattr(methods_lib, "load_eagle3", missing)
     _fails(["generate", "hi", "--drafter", "eagle3"], capsys, "eagle3 drafter is not part")
-    _fails(["bench", "--suite", "humaneval", "--methods", "eagle3", "--json", "o.json"], capsys,
-           "eagle3 drafter is not part")
+    _fails(
+        ["bench", "--suite", "humaneval", "--methods", "eagle3", "--json", "o.json"],
+        capsys,
+        "eagle3 drafter is not part",
+    )
 
     @dataclasses.dataclass(frozen=True)
     class FiveDeep:
@@ -121,24 +143,51 @@ def test_eagle3_unavailable_or_too_deep_fails_before_loading(monkeypatch, capsys
             return 5
 
     monkeypatch.setattr(methods_lib, "load_eagle3", lambda: (FiveDeep(), None))
-    _fails(["generate", "hi", "--drafter", "eagle3", "--depth", "9"], capsys,
-           "depth 9 is above the eagle3 drafter's maximum 5")
+    _fails(
+        ["generate", "hi", "--drafter", "eagle3", "--depth", "9"],
+        capsys,
+        "depth 9 is above the eagle3 drafter's maximum 5",
+    )
 
 
 def test_generate_on_a_tiny_teacher(teacher, tmp_path, capsys):
     out, trace_path = tmp_path / "g.json", tmp_path / "t.jsonl"
-    status = cli_main.main(["generate", "abcabcabc", "--drafter", "ngram", "--max-new-tokens", "10",
-                       "--budget", "4", "--depth", "3", "--json", str(out),
-                       "--trace", str(trace_path)], teacher=teacher, renderer=ToyRenderer())
+    status = cli_main.main(
+        [
+            "generate",
+            "abcabcabc",
+            "--drafter",
+            "ngram",
+            "--max-new-tokens",
+            "10",
+            "--budget",
+            "4",
+            "--depth",
+            "3",
+            "--json",
+            str(out),
+            "--trace",
+            str(trace_path),
+        ],
+        teacher=teacher,
+        renderer=ToyRenderer(),
+    )
     assert status == 0
     captured = capsys.readouterr()
     assert "tokens/s, accepted length" in captured.out
     record = json.loads(out.read_text())
-    for key in ("prompt_ids", "tokens", "text", "new_tokens", "seconds", "tokens_per_s",
-                "rounds", "accepted_length"):
+    for key in (
+        "prompt_ids",
+        "tokens",
+        "text",
+        "new_tokens",
+        "seconds",
+        "tokens_per_s",
+        "rounds",
+        "accepted_length",
+    ):
         assert key in record
-    assert record["prompt_ids"] == ToyRenderer().encode([{"role": "user",
-                                                          "content": "abcabcabc"}])
+    assert record["prompt_ids"] == ToyRenderer().encode([{"role": "user", "content": "abcabcabc"}])
     assert record["text"] == ToyRenderer().decode(record["tokens"])
     assert record["new_tokens"] == len(record["tokens"])
     assert record["accepted_length"] == pytest.approx(record["new_tokens"] / record["rounds"])
@@ -158,8 +207,11 @@ def test_generate_raw_and_default_drafter(teacher, capsys, monkeypatch):
         raise drafter_registry.DrafterUnavailableError("not here")
 
     monkeypatch.setattr(methods_lib, "load_eagle3", missing)
-    status = cli_main.main(["generate", "abc", "--raw", "--max-new-tokens", "4", "--budget", "4",
-                       "--depth", "3"], teacher=teacher, renderer=ToyRenderer())
+    status = cli_main.main(
+        ["generate", "abc", "--raw", "--max-new-tokens", "4", "--budget", "4", "--depth", "3"],
+        teacher=teacher,
+        renderer=ToyRenderer(),
+    )
     assert status == 0
     captured = capsys.readouterr()
     assert "drafter: ngram (eagle3 unavailable: not here)" in captured.err
@@ -168,21 +220,49 @@ def test_generate_raw_and_default_drafter(teacher, capsys, monkeypatch):
 
 def test_bench_command_on_a_tiny_teacher(teacher, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"id": "one", "turns": ["abcabc", "more"]}\n'
-                       '{"question_id": 2, "turns": ["xyz xyz"]}\n'
-                       '{"id": "three", "turns": ["never run"]}\n')
+    prompts.write_text(
+        '{"id": "one", "turns": ["abcabc", "more"]}\n'
+        '{"question_id": 2, "turns": ["xyz xyz"]}\n'
+        '{"id": "three", "turns": ["never run"]}\n'
+    )
     out = tmp_path / "bench.json"
-    status = cli_main.main(["bench", "--prompts", str(prompts), "--limit", "2", "--methods",
-                       "ngram", "--max-new-tokens", "8", "--budget", "4", "--depth", "3",
-                       "--json", str(out), "--no-progress", "--plot-dir", str(tmp_path / "fig")],
-                      teacher=teacher, renderer=ToyRenderer())
+    status = cli_main.main(
+        [
+            "bench",
+            "--prompts",
+            str(prompts),
+            "--limit",
+            "2",
+            "--methods",
+            "ngram",
+            "--max-new-tokens",
+            "8",
+            "--budget",
+            "4",
+            "--depth",
+            "3",
+            "--json",
+            str(out),
+            "--no-progress",
+            "--plot-dir",
+            str(tmp_path / "fig"),
+        ],
+        teacher=teacher,
+        renderer=ToyRenderer(),
+    )
     assert status == 0
     report = json.loads(out.read_text())
     assert (tmp_path / "fig" / "speedup_by_category.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [t["conversation_id"] for t in report["turns"]] == ["one", "one", "2"]
     assert set(report["summary"]) == {"greedy", "ngram"}
-    for key in ("mean_tokens_per_s", "mean_speedup", "p50_speedup", "p99_speedup",
-                "mean_accepted_length", "identical_fraction"):
+    for key in (
+        "mean_tokens_per_s",
+        "mean_speedup",
+        "p50_speedup",
+        "p99_speedup",
+        "mean_accepted_length",
+        "identical_fraction",
+    ):
         assert key in report["summary"]["ngram"]
     assert report["summary"]["ngram"]["identical_fraction"] == 1.0
     table = capsys.readouterr().out
@@ -198,15 +278,25 @@ def test_demo_turns_are_short_and_shipped():
 
 @pytest.mark.slow
 def test_generate_on_the_real_model(capsys):
-    status = cli_main.main(["generate", "What is the capital of France?", "--drafter", "ngram",
-                       "--max-new-tokens", "16"])
+    status = cli_main.main(
+        [
+            "generate",
+            "What is the capital of France?",
+            "--drafter",
+            "ngram",
+            "--max-new-tokens",
+            "16",
+        ]
+    )
     assert status == 0
     out = capsys.readouterr().out
     assert "Paris" in out
 
 
-@pytest.mark.parametrize("flags,expected", [([], None), (["--no-compile-cache"], ""),
-                                            (["--compile-cache", "/somewhere"], "/somewhere")])
+@pytest.mark.parametrize(
+    "flags,expected",
+    [([], None), (["--no-compile-cache"], ""), (["--compile-cache", "/somewhere"], "/somewhere")],
+)
 def test_compile_cache_flag(flags, expected, no_compile_cache, capsys, no_model):
     _fails(flags + ["generate", "hi", "--temperature", "-1"], capsys, "temperature")
     assert no_compile_cache == [expected]

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.drafters import DRAFTERS, eagle3
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.drafter import DraftContext
 from eaglepangu_jax.engine.decode import Teacher, generate
+from eaglepangu_jax.engine.drafter import DraftContext
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 
@@ -60,10 +59,12 @@ def tiny():
 
 def _context(cfg, head_cfg, num_tokens=9, capacity=32, depth=4):
     tokens = jnp.asarray(np.arange(capacity) % 50 + 3, jnp.int32)
-    feats = jax.random.normal(jax.random.key(5), (depth + 1, len(head_cfg.feature_layers),
-                                                  cfg.hidden_size), jnp.float32)
-    return DraftContext(tokens=tokens, num_tokens=jnp.int32(num_tokens), features=feats,
-                        num_features=jnp.int32(3))
+    feats = jax.random.normal(
+        jax.random.key(5), (depth + 1, len(head_cfg.feature_layers), cfg.hidden_size), jnp.float32
+    )
+    return DraftContext(
+        tokens=tokens, num_tokens=jnp.int32(num_tokens), features=feats, num_features=jnp.int32(3)
+    )
 
 
 @pytest.mark.parametrize("poison", ["none", "lm_head_row", "everything"])

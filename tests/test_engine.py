@@ -5,16 +5,15 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
+from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal, StatelessDrafter
 from eaglepangu_jax.models import llama
-from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 
@@ -35,14 +34,21 @@ def naive_greedy(teacher, prompt, n):
     seq = list(prompt)
     for _ in range(n):
         t = len(seq)
-        kv = KVCache(k=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
-                     v=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
-                     length=jnp.int32(0))
-        logits, _, _ = llama.forward(teacher.params, jnp.asarray(seq, jnp.int32),
-                                     jnp.arange(t, dtype=jnp.int32), kv,
-                                     mask_lib.causal_mask(t, 0, t), config=CFG)
+        kv = KVCache(
+            k=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
+            v=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
+            length=jnp.int32(0),
+        )
+        logits, _, _ = llama.forward(
+            teacher.params,
+            jnp.asarray(seq, jnp.int32),
+            jnp.arange(t, dtype=jnp.int32),
+            kv,
+            mask_lib.causal_mask(t, 0, t),
+            config=CFG,
+        )
         seq.append(int(jnp.argmax(logits[-1])))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +73,9 @@ class OracleTreeDrafter(StatelessDrafter):
         decoys = jax.random.randint(k3, (3, self.depth), 0, CFG.vocab_size)
         paths = jnp.concatenate([decoys[:1], truth[None], decoys[1:], wrong[None]], axis=0)
         lens = jnp.full((paths.shape[0],), self.depth, jnp.int32)
-        tree = tree_lib.from_paths(context.tokens[context.num_tokens - 1], paths, lens,
-                                   budget=self.budget)
+        tree = tree_lib.from_paths(
+            context.tokens[context.num_tokens - 1], paths, lens, budget=self.budget
+        )
         return Proposal(tree=tree)
 
 
@@ -84,8 +91,12 @@ class GarbageDrafter(StatelessDrafter):
         n = self.budget + 1
         parents = jax.random.randint(key, (n,), -(2**31), 2**31 - 1)
         tokens = jax.random.randint(key, (n,), 0, CFG.vocab_size)
-        tree = tree_lib.from_parents(parents, tokens=tokens, max_depth=self.depth,
-                                     logscore=jnp.full((n,), jnp.nan, jnp.float32))
+        tree = tree_lib.from_parents(
+            parents,
+            tokens=tokens,
+            max_depth=self.depth,
+            logscore=jnp.full((n,), jnp.nan, jnp.float32),
+        )
         return Proposal(tree=tree)
 
 
@@ -149,13 +160,16 @@ def test_step_compiles_once_per_configuration(teacher):
     assert gen._run._cache_size() == before
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(policy="nope"), "unknown tree policy"),
-    (dict(budget=0), "budget must be >= 1"),
-    (dict(temperature=-1.0), "temperature must be >= 0"),
-    (dict(acceptance="maybe"), "unknown acceptance"),
-    (dict(top_p=0.0), "top_p"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(policy="nope"), "unknown tree policy"),
+        (dict(budget=0), "budget must be >= 1"),
+        (dict(temperature=-1.0), "temperature must be >= 0"),
+        (dict(acceptance="maybe"), "unknown acceptance"),
+        (dict(top_p=0.0), "top_p"),
+    ],
+)
 def test_bad_spec(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SpecConfig(**kwargs)
@@ -196,15 +210,17 @@ class OracleMarginalDrafter(StatelessDrafter):
         return Proposal(marginals=jax.nn.log_softmax(logits, axis=-1))
 
 
-@pytest.mark.parametrize("policy,extra", [
-    ("best_first", {}),
-    ("static", {"choices": ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))}),
-])
+@pytest.mark.parametrize(
+    "policy,extra",
+    [
+        ("best_first", {}),
+        ("static", {"choices": ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))}),
+    ],
+)
 def test_marginal_policies_are_lossless(teacher, policy, extra):
     expected = naive_greedy(teacher, PROMPT, 16)
     drafter = OracleMarginalDrafter(tuple(expected), len(PROMPT), 3)
-    spec = SpecConfig(policy=policy, budget=8, depth=3, max_new_tokens=16, eos_id=NO_EOS,
-                      **extra)
+    spec = SpecConfig(policy=policy, budget=8, depth=3, max_new_tokens=16, eos_id=NO_EOS, **extra)
     result = gen.generate(teacher, drafter, PROMPT, spec)
     assert result.tokens == expected
     assert result.stats.accepted_length > 1.2
@@ -266,8 +282,15 @@ def test_reference_mode_raises_on_a_broken_drafter_tree(teacher, monkeypatch):
 
 def test_sample_many_does_not_depend_on_the_chunk(teacher):
     """Streams decoded in chunks (the last one padded) equal streams decoded all at once."""
-    spec = SpecConfig(budget=4, depth=3, max_new_tokens=6, eos_id=NO_EOS, acceptance="sample",
-                      temperature=1.0, seed=5)
+    spec = SpecConfig(
+        budget=4,
+        depth=3,
+        max_new_tokens=6,
+        eos_id=NO_EOS,
+        acceptance="sample",
+        temperature=1.0,
+        seed=5,
+    )
     whole = gen.sample_many(teacher, None, PROMPT, spec, 7, chunk=7)
     chunked = gen.sample_many(teacher, None, PROMPT, spec, 7, chunk=3)
     assert chunked == whole

@@ -26,15 +26,25 @@ from eaglepangu_jax.models.gguf_loader import ModelFileError
 TINY = LlamaConfig.tiny()
 F32 = gguf.GGMLQuantizationType.F32
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
-LAYER_KEYS = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv",
-              "attn_output": "wo", "ffn_norm": "mlp_norm", "ffn_gate": "w_gate",
-              "ffn_up": "w_up", "ffn_down": "w_down"}
+LAYER_KEYS = {
+    "attn_norm": "attn_norm",
+    "attn_q": "wq",
+    "attn_k": "wk",
+    "attn_v": "wv",
+    "attn_output": "wo",
+    "ffn_norm": "mlp_norm",
+    "ffn_gate": "w_gate",
+    "ffn_up": "w_up",
+    "ffn_down": "w_down",
+}
 
 
 def random_flat(config: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(shape).astype(np.float32)
-            for name, shape in gguf_loader.expected_shapes(config).items()}
+    return {
+        name: rng.standard_normal(shape).astype(np.float32)
+        for name, shape in gguf_loader.expected_shapes(config).items()
+    }
 
 
 def gguf_tensors(config: LlamaConfig, flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -56,8 +66,15 @@ def gguf_tensors(config: LlamaConfig, flat: dict[str, np.ndarray]) -> dict[str, 
     return tensors
 
 
-def write_gguf(path, config: LlamaConfig, tensors: dict[str, np.ndarray], *,
-               qtype=F32, arch: str = "llama", skip_keys: tuple[str, ...] = ()) -> None:
+def write_gguf(
+    path,
+    config: LlamaConfig,
+    tensors: dict[str, np.ndarray],
+    *,
+    qtype=F32,
+    arch: str = "llama",
+    skip_keys: tuple[str, ...] = (),
+) -> None:
     writer = gguf.GGUFWriter(str(path), arch)
     scalars = {
         f"{arch}.block_count": config.num_layers,
@@ -101,11 +118,14 @@ def tiny_file(tmp_path):
 def test_rope_permutation_literal():
     # One head, Dh = 4: GGUF rows are pairs (x0, y0), (x1, y1); rotate-half is x0 x1 | y0 y1.
     interleaved = np.array(["x0", "y0", "x1", "y1"])
-    np.testing.assert_array_equal(gguf_loader.interleaved_to_rotate_half(interleaved, 1),
-                                  ["x0", "x1", "y0", "y1"])
+    np.testing.assert_array_equal(
+        gguf_loader.interleaved_to_rotate_half(interleaved, 1), ["x0", "x1", "y0", "y1"]
+    )
     two_heads = np.array(["a0", "b0", "a1", "b1", "c0", "d0", "c1", "d1"])
-    np.testing.assert_array_equal(gguf_loader.interleaved_to_rotate_half(two_heads, 2),
-                                  ["a0", "a1", "b0", "b1", "c0", "c1", "d0", "d1"])
+    np.testing.assert_array_equal(
+        gguf_loader.interleaved_to_rotate_half(two_heads, 2),
+        ["a0", "a1", "b0", "b1", "c0", "c1", "d0", "d1"],
+    )
 
 
 @given(heads=st.integers(1, 4), half=st.integers(1, 6), cols=st.integers(0, 3))
@@ -131,7 +151,7 @@ def _rope_interleaved(x, pos, theta):  # pairs (2i, 2i+1), as llama.cpp's defaul
 def _rope_rotate_half(x, pos, theta):  # pairs (i, i + d/2), as HF Llama
     d = x.shape[-1]
     freq = np.tile(theta ** (-np.arange(0, d, 2) / d) * pos, 2)
-    rotated = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], axis=-1)
+    rotated = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], axis=-1)
     return x * np.cos(freq) + rotated * np.sin(freq)
 
 
@@ -146,10 +166,12 @@ def test_unpermuted_weights_give_rotate_half_rope_the_same_scores():
     w_k = gguf_loader.interleaved_to_rotate_half(w_gguf_k, heads)
     for h in range(heads):
         rows = slice(h * dh, (h + 1) * dh)
-        ref = (_rope_interleaved(w_gguf_q[rows] @ x_q, 5, 100.0)
-               @ _rope_interleaved(w_gguf_k[rows] @ x_k, 2, 100.0))
-        ours = (_rope_rotate_half(w_q[rows] @ x_q, 5, 100.0)
-                @ _rope_rotate_half(w_k[rows] @ x_k, 2, 100.0))
+        ref = _rope_interleaved(w_gguf_q[rows] @ x_q, 5, 100.0) @ _rope_interleaved(
+            w_gguf_k[rows] @ x_k, 2, 100.0
+        )
+        ours = _rope_rotate_half(w_q[rows] @ x_q, 5, 100.0) @ _rope_rotate_half(
+            w_k[rows] @ x_k, 2, 100.0
+        )
         np.testing.assert_allclose(ours, ref, rtol=1e-10)
 
 
@@ -186,8 +208,7 @@ def test_bfloat16_and_bad_dtype(tiny_file):
     path, flat = tiny_file
     _, params = gguf_loader.load_gguf(path, dtype=jnp.bfloat16)
     assert params["layers"]["wq"].dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(params["embed"], np.float32), flat["embed"],
-                               rtol=1e-2)
+    np.testing.assert_allclose(np.asarray(params["embed"], np.float32), flat["embed"], rtol=1e-2)
     with pytest.raises(ValueError, match="dtype"):
         gguf_loader.load_gguf(path, dtype=jnp.int32)
 
@@ -252,8 +273,12 @@ def test_nan_weights(tmp_path):
 
 def test_missing_metadata_and_wrong_architecture(tmp_path):
     tensors = gguf_tensors(TINY, random_flat(TINY))
-    _expect_error(tmp_path, tensors, "'llama.feed_forward_length' is missing",
-                  skip_keys=("llama.feed_forward_length",))
+    _expect_error(
+        tmp_path,
+        tensors,
+        "'llama.feed_forward_length' is missing",
+        skip_keys=("llama.feed_forward_length",),
+    )
     _expect_error(tmp_path, tensors, "architecture 'gpt2' is not supported", arch="gpt2")
 
 
@@ -262,7 +287,7 @@ def test_truncated_file(tiny_file, tmp_path, fraction):
     path, _ = tiny_file
     raw = path.read_bytes()
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(raw[:max(1, int(len(raw) * fraction))])
+    cut.write_bytes(raw[: max(1, int(len(raw) * fraction))])
     with pytest.raises(ModelFileError) as info:
         gguf_loader.load_gguf(cut)
     assert str(cut) in str(info.value)
@@ -293,7 +318,8 @@ def test_cache_hit_skips_the_gguf(tiny_file, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     config, params = smollm2.load_teacher(path, cache_dir=cache)
     payload, sidecar = weights_cache.entry_paths(
-        hashlib.sha256(path.read_bytes()).hexdigest(), cache)
+        hashlib.sha256(path.read_bytes()).hexdigest(), cache
+    )
     assert payload.is_file() and sidecar.is_file()
 
     def fail(*_):
@@ -328,8 +354,10 @@ def _foreign_sidecar(payload, sidecar):
     sidecar.write_text(sidecar.read_text().replace('"source_sha256": "', '"source_sha256": "0'))
 
 
-@pytest.mark.parametrize("damage", [_corrupt_flip, _corrupt_truncate, _corrupt_sidecar,
-                                    _orphan_payload, _foreign_sidecar])
+@pytest.mark.parametrize(
+    "damage",
+    [_corrupt_flip, _corrupt_truncate, _corrupt_sidecar, _orphan_payload, _foreign_sidecar],
+)
 def test_damaged_cache_is_rebuilt(tiny_file, tmp_path, monkeypatch, caplog, damage):
     path, flat = tiny_file
     cache = tmp_path / "cache"
@@ -376,15 +404,18 @@ def test_json_cache_checksum(tmp_path):
     cache = tmp_path / "cache"
     built = []
     build = lambda: built.append(1) or {"tokens": ["a", "b"]}  # noqa: E731
-    assert weights_cache.load_or_build_json(src, "tok", build, cache_dir=cache) == \
-        {"tokens": ["a", "b"]}
-    assert weights_cache.load_or_build_json(src, "tok", build, cache_dir=cache) == \
-        {"tokens": ["a", "b"]}
+    assert weights_cache.load_or_build_json(src, "tok", build, cache_dir=cache) == {
+        "tokens": ["a", "b"]
+    }
+    assert weights_cache.load_or_build_json(src, "tok", build, cache_dir=cache) == {
+        "tokens": ["a", "b"]
+    }
     assert len(built) == 1
     (entry,) = (cache / "tok").iterdir()
     entry.write_text(entry.read_text().replace('"b"', '"c"'))
-    assert weights_cache.load_or_build_json(src, "tok", build, cache_dir=cache) == \
-        {"tokens": ["a", "b"]}
+    assert weights_cache.load_or_build_json(src, "tok", build, cache_dir=cache) == {
+        "tokens": ["a", "b"]
+    }
     assert len(built) == 2
 
 
@@ -419,12 +450,17 @@ def test_smollm2_loads_and_caches(smollm2_cache):
         node = params["layers"][name[7:]] if name.startswith("layers.") else params[name]
         assert node.shape == shape and node.dtype == jnp.float32, name
     assert "lm_head" not in params
-    assert smollm2.teacher_fingerprint(path, cache_dir=smollm2_cache) == \
-        weights_cache.sha256_file(path)
+    assert smollm2.teacher_fingerprint(path, cache_dir=smollm2_cache) == weights_cache.sha256_file(
+        path
+    )
     _, again = smollm2.load_smollm2(dtype=jnp.bfloat16, cache_dir=smollm2_cache)
     assert again["embed"].dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(again["layers"]["w_up"][7], np.float32),
-                               np.asarray(params["layers"]["w_up"][7]), rtol=1e-2, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(again["layers"]["w_up"][7], np.float32),
+        np.asarray(params["layers"]["w_up"][7]),
+        rtol=1e-2,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.slow
@@ -438,8 +474,9 @@ def test_smollm2_rope_order_matches_transformers(smollm2_cache):
     if processor_cls is None:
         pytest.skip("this transformers version has no LlamaTensorProcessor")
     config, params = smollm2.load_smollm2(cache_dir=smollm2_cache)
-    processor = processor_cls(config={"num_attention_heads": config.num_heads,
-                                      "num_key_value_heads": config.num_kv_heads})
+    processor = processor_cls(
+        config={"num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads}
+    )
     tensors = {t.name: t for t in gguf_loader.open_gguf(path).tensors}
     for i in (0, 29):
         for key, ours in (("attn_q", "wq"), ("attn_k", "wk"), ("ffn_down", "w_down")):

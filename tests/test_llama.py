@@ -33,9 +33,15 @@ _jit_forward = jax.jit(llama.forward, static_argnames=("config", "feature_layers
 
 
 def _forward(params, tokens, positions, cache, mask, feature_layers=()):
-    return _jit_forward(params, jnp.asarray(tokens, jnp.int32),
-                         jnp.asarray(positions, jnp.int32), cache, jnp.asarray(mask),
-                         config=CONFIG, feature_layers=feature_layers)
+    return _jit_forward(
+        params,
+        jnp.asarray(tokens, jnp.int32),
+        jnp.asarray(positions, jnp.int32),
+        cache,
+        jnp.asarray(mask),
+        config=CONFIG,
+        feature_layers=feature_layers,
+    )
 
 
 def _causal(t, start=0, width=SLOTS):
@@ -63,9 +69,10 @@ def _numpy_forward(params, tokens):
     ang = np.arange(t)[:, None, None] * inv[None, None, :]
 
     def rope(x):
-        a, b = x[..., : dh // 2], x[..., dh // 2:]
-        return np.concatenate([a * np.cos(ang) - b * np.sin(ang),
-                               b * np.cos(ang) + a * np.sin(ang)], axis=-1)
+        a, b = x[..., : dh // 2], x[..., dh // 2 :]
+        return np.concatenate(
+            [a * np.cos(ang) - b * np.sin(ang), b * np.cos(ang) + a * np.sin(ang)], axis=-1
+        )
 
     x = p["embed"][np.asarray(tokens)]
     for i in range(c.num_layers):
@@ -93,14 +100,16 @@ def test_matches_numpy_transcription(stacked, params):
 
 def test_cached_incremental_equals_uncached(params):
     tokens = np.array([3, 14, 15, 92, 65, 35, 89, 79, 32, 38])
-    full, full_feats, _ = _forward(params, tokens, range(10), _empty_cache(), _causal(10),
-                                   feature_layers=(0, 2))
+    full, full_feats, _ = _forward(
+        params, tokens, range(10), _empty_cache(), _causal(10), feature_layers=(0, 2)
+    )
     cache = _empty_cache()
     # Prefix of 4 in one forward, then single tokens, committing each time.
     steps = [(0, 4)] + [(i, i + 1) for i in range(4, 10)]
     for lo, hi in steps:
-        logits, feats, cache = _forward(params, tokens[lo:hi], range(lo, hi), cache,
-                                        _causal(hi - lo, lo), feature_layers=(0, 2))
+        logits, feats, cache = _forward(
+            params, tokens[lo:hi], range(lo, hi), cache, _causal(hi - lo, lo), feature_layers=(0, 2)
+        )
         np.testing.assert_allclose(logits, full[lo:hi], atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(feats, full_feats[lo:hi], atol=1e-5, rtol=1e-5)
         assert int(cache.length) == lo  # forward writes, never commits
@@ -140,8 +149,9 @@ def test_narrow_window_equals_full_cache(params):
     tokens = [5, 6, 7, 8, 9]
     cache = _empty_cache()
     full, _, full_cache = _forward(params, tokens, range(5), cache, _causal(5))
-    narrow, _, narrow_cache = _forward(params, tokens, range(5), _empty_cache(),
-                                       _causal(5, width=8))
+    narrow, _, narrow_cache = _forward(
+        params, tokens, range(5), _empty_cache(), _causal(5, width=8)
+    )
     np.testing.assert_allclose(narrow, full, atol=1e-6)
     np.testing.assert_array_equal(narrow_cache.k, full_cache.k)
 
@@ -158,8 +168,9 @@ def test_fully_masked_row_is_finite(params):
 
 def test_features_follow_the_documented_convention(params, stacked):
     tokens = [1, 2, 3, 4]
-    logits, feats, _ = _forward(params, tokens, range(4), _empty_cache(), _causal(4),
-                                feature_layers=(2, 0, 2))
+    logits, feats, _ = _forward(
+        params, tokens, range(4), _empty_cache(), _causal(4), feature_layers=(2, 0, 2)
+    )
     assert feats.shape == (4, 3, CONFIG.hidden_size)
     np.testing.assert_array_equal(feats[:, 0], feats[:, 2])
     # The last layer's output, final-normed and projected, gives the logits.
@@ -169,8 +180,15 @@ def test_features_follow_the_documented_convention(params, stacked):
     one = LlamaConfig.tiny(num_layers=1)
     first = dict(stacked, layers=jax.tree.map(lambda a: a[:1], stacked["layers"]))
     cache1 = kv_cache.init(1, SLOTS, one.num_kv_heads, one.head_dim)
-    _, feats1, _ = llama.forward(first, jnp.asarray(tokens), jnp.arange(4), cache1,
-                                 jnp.asarray(_causal(4)), config=one, feature_layers=(0,))
+    _, feats1, _ = llama.forward(
+        first,
+        jnp.asarray(tokens),
+        jnp.arange(4),
+        cache1,
+        jnp.asarray(_causal(4)),
+        config=one,
+        feature_layers=(0,),
+    )
     np.testing.assert_allclose(feats1[:, 0], feats[:, 1], atol=1e-6)
 
 
@@ -179,8 +197,9 @@ def test_jit_equals_eager_and_does_not_recompile(params):
 
     def traced(params, tokens, positions, cache, mask):
         calls.append(1)
-        return llama.forward(params, tokens, positions, cache, mask, config=CONFIG,
-                             feature_layers=(1,))
+        return llama.forward(
+            params, tokens, positions, cache, mask, config=CONFIG, feature_layers=(1,)
+        )
 
     jitted = jax.jit(traced)
     args = (jnp.asarray([3, 4, 5]), jnp.arange(3), _empty_cache(), jnp.asarray(_causal(3)))
@@ -188,8 +207,12 @@ def test_jit_equals_eager_and_does_not_recompile(params):
     compiled = jitted(params, *args)
     for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(compiled)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
-    other = (jnp.asarray([9, 1, 2]), jnp.arange(3) + 4, _with_length(_empty_cache(), 4),
-             jnp.asarray(_causal(3, 4)))
+    other = (
+        jnp.asarray([9, 1, 2]),
+        jnp.arange(3) + 4,
+        _with_length(_empty_cache(), 4),
+        jnp.asarray(_causal(3, 4)),
+    )
     jitted(jax.tree.map(lambda a: a * 0.5, params), *other)
     assert len(calls) == 1
     assert jitted._cache_size() == 1
@@ -199,8 +222,9 @@ def test_bfloat16_params_close_to_float32(stacked):
     tokens = [1, 5, 9, 13]
     ref, _, _ = _forward(stacked, tokens, range(4), _empty_cache(), _causal(4))
     half = jax.tree.map(lambda a: a.astype(jnp.bfloat16), llama.prepare_params(stacked))
-    logits, feats, cache = _forward(half, tokens, range(4), _empty_cache(dtype=jnp.bfloat16),
-                                    _causal(4), feature_layers=(1,))
+    logits, feats, cache = _forward(
+        half, tokens, range(4), _empty_cache(dtype=jnp.bfloat16), _causal(4), feature_layers=(1,)
+    )
     assert logits.dtype == jnp.float32 and feats.dtype == jnp.bfloat16
     assert cache.k.dtype == jnp.bfloat16
     assert np.abs(np.asarray(logits) - np.asarray(ref)).max() < 0.1 * np.abs(ref).max()
@@ -219,23 +243,38 @@ def test_untied_lm_head_is_used():
     p = random_params(config, jax.random.PRNGKey(3))
     assert "lm_head" in p
     cache = kv_cache.init(config.num_layers, 8, config.num_kv_heads, config.head_dim)
-    a, _, _ = llama.forward(p, jnp.asarray([1]), jnp.asarray([0]), cache,
-                            jnp.ones((1, 8), bool), config=config)
-    b, _, _ = llama.forward(dict(p, lm_head=p["lm_head"] * 2), jnp.asarray([1]),
-                            jnp.asarray([0]), cache, jnp.ones((1, 8), bool), config=config)
+    a, _, _ = llama.forward(
+        p, jnp.asarray([1]), jnp.asarray([0]), cache, jnp.ones((1, 8), bool), config=config
+    )
+    b, _, _ = llama.forward(
+        dict(p, lm_head=p["lm_head"] * 2),
+        jnp.asarray([1]),
+        jnp.asarray([0]),
+        cache,
+        jnp.ones((1, 8), bool),
+        config=config,
+    )
     np.testing.assert_allclose(b, 2 * a, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(mask=np.ones((3, SLOTS + 1), bool)), "mask must be"),
-    (dict(mask=np.ones((2, SLOTS), bool)), "mask must be"),
-    (dict(mask=np.ones((3, SLOTS), np.int32)), "boolean"),
-    (dict(positions=np.arange(2)), "positions"),
-    (dict(feature_layers=(CONFIG.num_layers,)), "feature_layers"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(mask=np.ones((3, SLOTS + 1), bool)), "mask must be"),
+        (dict(mask=np.ones((2, SLOTS), bool)), "mask must be"),
+        (dict(mask=np.ones((3, SLOTS), np.int32)), "boolean"),
+        (dict(positions=np.arange(2)), "positions"),
+        (dict(feature_layers=(CONFIG.num_layers,)), "feature_layers"),
+    ],
+)
 def test_bad_inputs_raise(stacked, bad, match):
-    args = dict(tokens=np.array([1, 2, 3]), positions=np.arange(3), cache=_empty_cache(),
-                mask=_causal(3), feature_layers=())
+    args = dict(
+        tokens=np.array([1, 2, 3]),
+        positions=np.arange(3),
+        cache=_empty_cache(),
+        mask=_causal(3),
+        feature_layers=(),
+    )
     args.update(bad)
     with pytest.raises(ValueError, match=match):
         _forward(stacked, **args)
@@ -265,4 +304,6 @@ def test_rope_scores_depend_on_relative_position(m, n, seed):
     assert score(m, n) == pytest.approx(score(m + shift, n + shift), abs=1e-3)
     np.testing.assert_allclose(
         jnp.linalg.norm(apply_rope(q, *rope_angles(jnp.asarray([m]), 8, 10000.0))),
-        jnp.linalg.norm(q), rtol=1e-5)
+        jnp.linalg.norm(q),
+        rtol=1e-5,
+    )

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from eaglepangu_jax import cache as kv_cache
-from eaglepangu_jax.methods import peers
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.decode import Teacher, generate
+from eaglepangu_jax.methods import peers
 from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.reference]
@@ -17,7 +17,7 @@ TEXTS = [
     "Hello!",
     "The quick brown fox jumps over the lazy dog. Speculative decoding drafts several tokens "
     "and lets the large model check them all in one forward pass.",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n"
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n'
     "    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n\n"
     "def is_prime(n):\n    if n < 2:\n        return False\n    for d in range(2, int(n ** 0.5)"
     " + 1):\n        if n % d == 0:\n            return False\n    return True\n\n\n"
@@ -60,10 +60,17 @@ def test_logits_and_features_match_transformers(teacher):
     mask = jnp.arange(PADDED)[None, :] <= jnp.arange(PADDED)[:, None]
     for ids in prompts:
         padded = np.zeros(PADDED, np.int32)
-        padded[:len(ids)] = ids
+        padded[: len(ids)] = ids
         cache = kv_cache.init(config.num_layers, PADDED, config.num_kv_heads, config.head_dim)
-        logits, feats, _ = fwd(params, jnp.asarray(padded), jnp.arange(PADDED), cache, mask,
-                               config=config, feature_layers=TAPPED)
+        logits, feats, _ = fwd(
+            params,
+            jnp.asarray(padded),
+            jnp.arange(PADDED),
+            cache,
+            mask,
+            config=config,
+            feature_layers=TAPPED,
+        )
         ref_logits, ref_hidden = _hf_forward(model, ids)
         n = len(ids)
         assert np.abs(np.asarray(logits[:n]) - ref_logits).max() < 1e-3
@@ -77,7 +84,6 @@ def test_64_greedy_tokens_identical(teacher):
     config, params, model, tok = teacher
     ids = chat.encode_chat(tok, [{"role": "user", "content": "Write a short poem about the sea."}])
     ours = generate(Teacher(config, params), None, ids, SpecConfig(max_new_tokens=64)).tokens
-    theirs = peers.transformers_generate(model, ids, max_new_tokens=64,
-                                         eos_id=config.eos_id).tokens
+    theirs = peers.transformers_generate(model, ids, max_new_tokens=64, eos_id=config.eos_id).tokens
     assert len(ours) == 64 or ours[-1] == config.eos_id
     assert ours == theirs

@@ -11,7 +11,6 @@ from hypothesis.extra import numpy as hnp
 from eaglepangu_jax import mask, mode
 from eaglepangu_jax import tree as tree_lib
 
-
 # A few fixed table shapes (N slots, D max depth) keep compilations few; random parents,
 # padding and depth limits inside them cover the trees.
 SHAPES = [(1, 1), (5, 2), (12, 3), (12, 11)]
@@ -77,40 +76,39 @@ EXAMPLE = build([0, 0, 0, 1, 1], [True] * 5, 2)
 
 
 def test_tree_mask_literal():
-    expected = np.array([[1, 0, 0, 0, 0],
-                         [1, 1, 0, 0, 0],
-                         [1, 0, 1, 0, 0],
-                         [1, 1, 0, 1, 0],
-                         [1, 1, 0, 0, 1]], bool)
+    expected = np.array(
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 0, 1]], bool
+    )
     np.testing.assert_array_equal(mask.tree_mask(EXAMPLE), expected)
 
 
 def test_tree_mask_padding_rows_see_root_and_self_only():
     # Slots 2 and 3 are padding (3's parent pointer to 2 is ignored).
     tree = build([0, 0, 0, 2, 1], [True, True, False, False, True], 3)
-    expected = np.array([[1, 0, 0, 0, 0],
-                         [1, 1, 0, 0, 0],
-                         [1, 0, 1, 0, 0],
-                         [1, 0, 0, 1, 0],
-                         [1, 1, 0, 0, 1]], bool)
+    expected = np.array(
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 0, 1, 0], [1, 1, 0, 0, 1]], bool
+    )
     np.testing.assert_array_equal(mask.tree_mask(tree), expected)
 
 
 def test_verify_mask_literal():
-    expected = np.array([[1, 1, 1, 0, 0, 0, 0, 0],
-                         [1, 1, 1, 1, 0, 0, 0, 0],
-                         [1, 1, 1, 0, 1, 0, 0, 0],
-                         [1, 1, 1, 1, 0, 1, 0, 0],
-                         [1, 1, 1, 1, 0, 0, 1, 0]], bool)
+    expected = np.array(
+        [
+            [1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 1, 0, 0],
+            [1, 1, 1, 1, 0, 0, 1, 0],
+        ],
+        bool,
+    )
     got = mask.verify_mask(EXAMPLE, jnp.int32(2), 8)
     assert got.shape == (5, 8) and got.dtype == jnp.bool_
     np.testing.assert_array_equal(got, expected)
 
 
 def test_causal_mask_literal():
-    expected = np.array([[1, 1, 1, 0, 0, 0],
-                         [1, 1, 1, 1, 0, 0],
-                         [1, 1, 1, 1, 1, 0]], bool)
+    expected = np.array([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]], bool)
     np.testing.assert_array_equal(mask.causal_mask(3, jnp.int32(2), 6), expected)
     np.testing.assert_array_equal(mask.causal_mask(4, 0, 4), np.tril(np.ones((4, 4), bool)))
 
@@ -132,8 +130,9 @@ def test_verify_mask_matches_oracle(raw, data):
     cache_len = data.draw(st.sampled_from([1, 7, 16, 24]))
     # Mostly trees that fit; sometimes past the end (columns dropped, rows still non-empty).
     committed = data.draw(st.integers(0, cache_len + 2))
-    got = np.asarray(verify_mask_jit(build(parents, valid, max_depth), jnp.int32(committed),
-                                     cache_len))
+    got = np.asarray(
+        verify_mask_jit(build(parents, valid, max_depth), jnp.int32(committed), cache_len)
+    )
     assert got.shape == (n, cache_len)
     expected = oracle_verify_mask(parents, valid, min(committed, cache_len), cache_len)
     np.testing.assert_array_equal(got, expected)
@@ -208,8 +207,9 @@ def test_ascend_round_trip(m, dtype):
 
 
 def test_to_ascend_literal_and_bad_dtype():
-    np.testing.assert_array_equal(mask.to_ascend(jnp.array([True, False])),
-                                  np.array([0, 1], np.uint8))
+    np.testing.assert_array_equal(
+        mask.to_ascend(jnp.array([True, False])), np.array([0, 1], np.uint8)
+    )
     with pytest.raises(ValueError, match="uint8 or bool"):
         mask.to_ascend(jnp.array([True]), jnp.float32)
 
@@ -249,25 +249,30 @@ def test_to_bias_rejects_integer_dtype():
 
 # --- jit, vmap, no recompilation ---------------------------------------------------------
 
+
 def _stack(trees):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
 def test_vmap_over_trees_and_lengths():
-    raws = [([0, 0, 1, 2, 0, 4], [True] * 6, 3),
-            ([0, 0, 0, 0, 0, 0], [True, True, False, True, True, False], 3),
-            ([0, 0, 1, 1, 3, 2], [True] * 6, 3)]
+    raws = [
+        ([0, 0, 1, 2, 0, 4], [True] * 6, 3),
+        ([0, 0, 0, 0, 0, 0], [True, True, False, True, True, False], 3),
+        ([0, 0, 1, 1, 3, 2], [True] * 6, 3),
+    ]
     trees = [build(*raw) for raw in raws]
     batch = _stack(trees)
     committed = jnp.array([0, 3, 7], jnp.int32)
     tm = jax.jit(jax.vmap(mask.tree_mask))(batch)
     vm = jax.jit(jax.vmap(mask.verify_mask, in_axes=(0, 0, None)), static_argnums=2)(
-        batch, committed, 16)
+        batch, committed, 16
+    )
     cm = jax.vmap(mask.causal_mask, in_axes=(None, 0, None))(3, committed, 16)
     for b, (parents, valid, _) in enumerate(raws):
         np.testing.assert_array_equal(tm[b], oracle_tree_mask(parents, valid))
         np.testing.assert_array_equal(
-            vm[b], oracle_verify_mask(parents, valid, int(committed[b]), 16))
+            vm[b], oracle_verify_mask(parents, valid, int(committed[b]), 16)
+        )
         np.testing.assert_array_equal(cm[b], mask.causal_mask(3, committed[b], 16))
 
 
@@ -278,13 +283,15 @@ def test_conversions_vmap_and_jit(shape):
     packed = jax.jit(jax.vmap(mask.pack))(m)
     np.testing.assert_array_equal(packed, mask.pack(m))
     np.testing.assert_array_equal(
-        jax.jit(jax.vmap(mask.unpack, in_axes=(0, None)), static_argnums=1)(packed, cols), m)
+        jax.jit(jax.vmap(mask.unpack, in_axes=(0, None)), static_argnums=1)(packed, cols), m
+    )
     np.testing.assert_array_equal(jax.jit(jax.vmap(mask.to_ascend))(m), mask.to_ascend(m))
     np.testing.assert_array_equal(jax.vmap(mask.from_ascend)(mask.to_ascend(m)), m)
     np.testing.assert_array_equal(jax.jit(jax.vmap(mask.to_bias))(m), mask.to_bias(m))
     np.testing.assert_array_equal(
         jax.jit(jax.vmap(mask.pad_keys, in_axes=(0, None)), static_argnums=1)(m, 8),
-        mask.pad_keys(m, 8))
+        mask.pad_keys(m, 8),
+    )
 
 
 def test_no_recompile_when_dynamic_values_change():

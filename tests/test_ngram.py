@@ -18,11 +18,13 @@ KEY = jax.random.key(0)
 
 def context(tokens, num_tokens, capacity=None, start=0):
     tokens = list(tokens) + [SENTINEL] * ((capacity or len(tokens)) - len(tokens))
-    return DraftContext(tokens=jnp.asarray(tokens, jnp.int32),
-                        num_tokens=jnp.asarray(num_tokens, jnp.int32),
-                        features=jnp.zeros((1, 1, 4), jnp.float32),
-                        num_features=jnp.asarray(0, jnp.int32),
-                        start=jnp.asarray(start, jnp.int32))
+    return DraftContext(
+        tokens=jnp.asarray(tokens, jnp.int32),
+        num_tokens=jnp.asarray(num_tokens, jnp.int32),
+        features=jnp.zeros((1, 1, 4), jnp.float32),
+        num_features=jnp.asarray(0, jnp.int32),
+        start=jnp.asarray(start, jnp.int32),
+    )
 
 
 def node_paths(tree):
@@ -31,7 +33,7 @@ def node_paths(tree):
     for i in range(1, tree.num_slots):
         if bool(tree.valid[i]):
             d = int(tree.depth[i])
-            out[i] = [int(tree.tokens[a]) for a in np.asarray(tree.ancestors[i, 1:d + 1])]
+            out[i] = [int(tree.tokens[a]) for a in np.asarray(tree.ancestors[i, 1 : d + 1])]
     return out
 
 
@@ -54,8 +56,8 @@ def test_longer_match_first_and_continuation_stops_at_root():
     drafter = NGramDrafter(depth=4, budget=6, length_weight=2.0)
     tree = drafter.tree(jnp.asarray([1, 2, 3, 1, 2, 3, 1, 2, SENTINEL, SENTINEL]), 8)
     paths, path_len, match_len = find_candidates(
-        jnp.asarray([1, 2, 3, 1, 2, 3, 1, 2]), 8, min_ngram=1, max_ngram=3, num_matches=3,
-        depth=4)
+        jnp.asarray([1, 2, 3, 1, 2, 3, 1, 2]), 8, min_ngram=1, max_ngram=3, num_matches=3, depth=4
+    )
     np.testing.assert_array_equal(paths, [[3, 1, 2, 0], [3, 1, 2, 3], [0, 0, 0, 0]])
     np.testing.assert_array_equal(path_len, [3, 4, 0])
     np.testing.assert_array_equal(match_len, [3, 2, 0])
@@ -68,7 +70,8 @@ def test_longer_match_first_and_continuation_stops_at_root():
 
 def test_min_ngram_filters_short_matches():
     tree = NGramDrafter(min_ngram=3, depth=4, budget=6).tree(
-        jnp.asarray([1, 2, 3, 1, 2, 3, 1, 2]), 8)
+        jnp.asarray([1, 2, 3, 1, 2, 3, 1, 2]), 8
+    )
     assert node_paths(tree) == {1: [3], 2: [3, 1], 3: [3, 1, 2]}
 
 
@@ -108,12 +111,19 @@ def test_start_hides_earlier_tokens():
     # ("b c" starts at 1), with start = 2 only its "c" is, and with start = 3 it is gone.
     buf = [10, 2, 3, 4, 11, 2, 3, 5, 12, 2, 3]
     drafter = NGramDrafter(depth=3, budget=6)
-    paths = lambda start: sorted(map(tuple, node_paths(
-        drafter.propose(None, None, context(buf, 11, start=start), KEY).tree).values()))
+    paths = lambda start: sorted(
+        map(
+            tuple,
+            node_paths(
+                drafter.propose(None, None, context(buf, 11, start=start), KEY).tree
+            ).values(),
+        )
+    )
     both = [(4,), (4, 11), (4, 11, 2), (5,), (5, 12), (5, 12, 2)]
     assert paths(1) == both
-    _, _, match_len = find_candidates(jnp.asarray(buf), 11, 2, min_ngram=1, max_ngram=3,
-                                      num_matches=2, depth=3)
+    _, _, match_len = find_candidates(
+        jnp.asarray(buf), 11, 2, min_ngram=1, max_ngram=3, num_matches=2, depth=3
+    )
     np.testing.assert_array_equal(match_len, [2, 1])
     assert paths(3) == [(5,), (5, 12), (5, 12, 2)]
     assert paths(7) == []
@@ -153,9 +163,17 @@ def test_state_is_passed_through():
 CAPACITY = 24
 PROP = NGramDrafter(max_ngram=3, min_ngram=1, depth=5, num_matches=6, budget=12)
 _propose = jax.jit(lambda ctx: PROP.propose(None, None, ctx, KEY).tree)
-_candidates = jax.jit(lambda tok, n, start: find_candidates(
-    tok, n, start, min_ngram=PROP.min_ngram, max_ngram=PROP.max_ngram,
-    num_matches=PROP.num_matches, depth=PROP.depth))
+_candidates = jax.jit(
+    lambda tok, n, start: find_candidates(
+        tok,
+        n,
+        start,
+        min_ngram=PROP.min_ngram,
+        max_ngram=PROP.max_ngram,
+        num_matches=PROP.num_matches,
+        depth=PROP.depth,
+    )
+)
 
 
 def naive_candidates(buf, n_tok, drafter, start=0):
@@ -163,30 +181,32 @@ def naive_candidates(buf, n_tok, drafter, start=0):
     found = []
     for j in range(start, n_tok - 1):
         n = 0
-        while (n < drafter.max_ngram and j - n >= start
-               and buf[j - n] == buf[n_tok - 1 - n]):
+        while n < drafter.max_ngram and j - n >= start and buf[j - n] == buf[n_tok - 1 - n]:
             n += 1
         if n >= drafter.min_ngram:
             found.append((n, j))
     found.sort(reverse=True)
-    return [(n, buf[j + 1:min(j + 1 + drafter.depth, n_tok)])
-            for n, j in found[:drafter.num_matches]]
+    return [
+        (n, buf[j + 1 : min(j + 1 + drafter.depth, n_tok)]) for n, j in found[: drafter.num_matches]
+    ]
 
 
 def occurs_after_suffix(path, buf, n_tok, drafter, start):
     """True if ``path`` follows an earlier visible occurrence of the committed suffix."""
     for j in range(n_tok - 1):
-        if j + len(path) > n_tok - 1 or buf[j + 1:j + 1 + len(path)] != path:
+        if j + len(path) > n_tok - 1 or buf[j + 1 : j + 1 + len(path)] != path:
             continue
         n = drafter.min_ngram
-        if j - n + 1 >= start and buf[j - n + 1:j + 1] == buf[n_tok - n:n_tok]:
+        if j - n + 1 >= start and buf[j - n + 1 : j + 1] == buf[n_tok - n : n_tok]:
             return True
     return False
 
 
-buffers = st.tuples(st.lists(st.integers(0, 3), min_size=CAPACITY, max_size=CAPACITY),
-                    st.integers(0, CAPACITY),
-                    st.sampled_from([0, 0, 0, 3, 10]))
+buffers = st.tuples(
+    st.lists(st.integers(0, 3), min_size=CAPACITY, max_size=CAPACITY),
+    st.integers(0, CAPACITY),
+    st.sampled_from([0, 0, 0, 3, 10]),
+)
 
 
 @given(buffers)
@@ -211,8 +231,11 @@ def test_property_candidates_equal_naive_search(case):
     buf, n_tok, start = case
     paths, path_len, match_len = _candidates(jnp.asarray(buf, jnp.int32), n_tok, start)
     expected = naive_candidates(buf[:n_tok], n_tok, PROP, start)
-    got = [(int(m), [int(t) for t in p[:k]])
-           for m, p, k in zip(match_len, np.asarray(paths), path_len) if int(k) > 0]
+    got = [
+        (int(m), [int(t) for t in p[:k]])
+        for m, p, k in zip(match_len, np.asarray(paths), path_len)
+        if int(k) > 0
+    ]
     assert got == expected
 
 
@@ -227,16 +250,17 @@ def test_jit_vmap_and_no_recompile():
     rng = np.random.default_rng(0)
     bufs = rng.integers(0, 3, size=(4, CAPACITY))
     lens = np.asarray([0, 5, 17, CAPACITY])
-    batch = DraftContext(tokens=jnp.asarray(bufs, jnp.int32),
-                         num_tokens=jnp.asarray(lens, jnp.int32),
-                         features=jnp.zeros((4, 1, 1, 4), jnp.float32),
-                         num_features=jnp.zeros((4,), jnp.int32),
-                         start=jnp.asarray([0, 0, 4, 2], jnp.int32))
+    batch = DraftContext(
+        tokens=jnp.asarray(bufs, jnp.int32),
+        num_tokens=jnp.asarray(lens, jnp.int32),
+        features=jnp.zeros((4, 1, 1, 4), jnp.float32),
+        num_features=jnp.zeros((4,), jnp.int32),
+        start=jnp.asarray([0, 0, 4, 2], jnp.int32),
+    )
     batched = jax.jit(jax.vmap(propose))(batch)
     for b in range(4):
         single = jitted(context(bufs[b], lens[b], start=int(batch.start[b])))
-        for got, want in zip(jax.tree_util.tree_leaves(single),
-                             jax.tree_util.tree_leaves(batched)):
+        for got, want in zip(jax.tree_util.tree_leaves(single), jax.tree_util.tree_leaves(batched)):
             np.testing.assert_array_equal(got, want[b])
     # One trace for the vmapped function, one for the single one: new num_tokens, start and
     # token values reuse the compiled function.

@@ -40,8 +40,11 @@ def _ensure_kernel() -> None:
 
     if KERNEL in KernelSpecManager().find_kernel_specs():
         return
-    subprocess.run([sys.executable, "-m", "ipykernel", "install", "--user", "--name", KERNEL],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "ipykernel", "install", "--user", "--name", KERNEL],
+        check=True,
+        capture_output=True,
+    )
 
 
 def run_notebook(name: str, workdir: Path) -> float:
@@ -49,8 +52,11 @@ def run_notebook(name: str, workdir: Path) -> float:
     _ensure_kernel()
     notebook = jupytext.read(NOTEBOOKS / f"{name}.py")
     client = nbclient.NotebookClient(
-        notebook, kernel_name=KERNEL, timeout=CELL_TIMEOUT_S,
-        resources={"metadata": {"path": str(workdir)}})
+        notebook,
+        kernel_name=KERNEL,
+        timeout=CELL_TIMEOUT_S,
+        resources={"metadata": {"path": str(workdir)}},
+    )
     start = time.perf_counter()
     client.execute()
     return time.perf_counter() - start
@@ -67,7 +73,6 @@ def clean_env(monkeypatch, tmp_path):
 def test_every_notebook_is_collected():
     names = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.py"))
     assert names == sorted(FAST + SLOW)
-
 
 
 @pytest.mark.parametrize("name", FAST)

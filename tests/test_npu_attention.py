@@ -75,8 +75,7 @@ def test_gqa_query_heads_read_consecutive_kv_heads():
     batched_mask=st.booleans(),
 )
 def test_sdpa_agrees_with_eager(seed, group, n_kv, t, s, batched_mask):
-    q, k, v, mask = _inputs(seed, nq=group * n_kv, n_kv=n_kv, t=t, s=s,
-                            batched_mask=batched_mask)
+    q, k, v, mask = _inputs(seed, nq=group * n_kv, n_kv=n_kv, t=t, s=s, batched_mask=batched_mask)
     eager = tree_attention(q, k, v, mask, impl="eager")
     sdpa = tree_attention(q, k, v, mask, impl="sdpa")
     torch.testing.assert_close(sdpa, eager, atol=1e-5, rtol=1e-5)

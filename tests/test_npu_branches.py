@@ -10,6 +10,9 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+# The oracle drafter of the runner tests: accepted paths off the first chain.
+from test_npu_runner import OracleDrafter  # noqa: E402
+
 from eaglepangu_jax import mask as mask_lib  # noqa: E402
 from eaglepangu_jax import tree as tree_lib  # noqa: E402
 from eaglepangu_jax.drafters.ngram import NGramDrafter  # noqa: E402
@@ -21,8 +24,6 @@ from npu_backend import branches, simulated  # noqa: E402
 from npu_backend.llama_torch import TorchLlama  # noqa: E402
 from npu_backend.runner import TorchTeacherRunner, generate_torch  # noqa: E402
 from npu_backend.simulated import AscendConstraintError, simulated_npu  # noqa: E402
-# The oracle drafter of the runner tests: accepted paths off the first chain.
-from test_npu_runner import OracleDrafter  # noqa: E402
 
 CFG = LlamaConfig.tiny(vocab_size=61, max_position=512)
 NO_EOS = -7
@@ -59,9 +60,11 @@ def _tensor(x):
 
 def _example_tree():
     """``root -> 1 -> 3``, ``root -> 2``, ``1 -> 4`` (the tree module's example)."""
-    return tree_lib.from_parents(jnp.asarray([0, 0, 0, 1, 1], jnp.int32),
-                                 tokens=jnp.asarray([11, 12, 13, 14, 15], jnp.int32),
-                                 max_depth=2)
+    return tree_lib.from_parents(
+        jnp.asarray([0, 0, 0, 1, 1], jnp.int32),
+        tokens=jnp.asarray([11, 12, 13, 14, 15], jnp.int32),
+        max_depth=2,
+    )
 
 
 def test_tree_to_branches_example():
@@ -73,8 +76,9 @@ def test_tree_to_branches_example():
 
 
 def test_root_only_tree_is_one_chain_of_the_root():
-    tree = tree_lib.from_parents(jnp.zeros((4,), jnp.int32),
-                                 valid=jnp.asarray([True, False, False, False]), max_depth=3)
+    tree = tree_lib.from_parents(
+        jnp.zeros((4,), jnp.int32), valid=jnp.asarray([True, False, False, False]), max_depth=3
+    )
     slots, length = branches.tree_to_branches(tree)
     np.testing.assert_array_equal(slots, np.zeros((3, 4), np.int32))
     np.testing.assert_array_equal(length, [1, 0, 0])
@@ -82,9 +86,9 @@ def test_root_only_tree_is_one_chain_of_the_root():
 
 def test_branch_mask_example():
     mask = branches.branch_mask(jnp.asarray([2, 0], jnp.int32), jnp.int32(2), 3, 6)
-    np.testing.assert_array_equal(mask[0], [[1, 1, 1, 0, 0, 0],
-                                            [1, 1, 1, 1, 0, 0],
-                                            [1, 1, 1, 1, 0, 0]])
+    np.testing.assert_array_equal(
+        mask[0], [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0]]
+    )
     # An unused chain still sees its root: no row is ever empty.
     np.testing.assert_array_equal(mask[1], [[1, 1, 1, 0, 0, 0]] * 3)
     empty_prefix = branches.branch_mask(jnp.asarray([0], jnp.int32), jnp.int32(0), 2, 4)
@@ -102,8 +106,9 @@ def trees(draw):
     parents = [0] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
     valid = [True] + draw(st.lists(st.booleans(), min_size=n - 1, max_size=n - 1))
     # Out-of-range depths and invalid ancestors are repaired into padding by from_parents.
-    return tree_lib.from_parents(jnp.asarray(parents, jnp.int32),
-                                 valid=jnp.asarray(valid), max_depth=max_depth)
+    return tree_lib.from_parents(
+        jnp.asarray(parents, jnp.int32), valid=jnp.asarray(valid), max_depth=max_depth
+    )
 
 
 @given(trees())
@@ -125,7 +130,7 @@ def test_tree_to_branches_invariants(tree):
         chain = slots[b, : length[b]]
         assert chain[0] == 0 and (depth[chain] == np.arange(length[b])).all()
         assert (parents[chain[1:]] == chain[:-1]).all()
-        assert (slots[b, length[b]:] == chain[-1]).all()  # padding repeats the leaf
+        assert (slots[b, length[b] :] == chain[-1]).all()  # padding repeats the leaf
     covered = {int(s) for b in np.flatnonzero(used) for s in slots[b, : length[b]]}
     assert covered == set(np.flatnonzero(valid).tolist())
     rows = np.asarray(_rows(tree, slots, length))
@@ -146,8 +151,9 @@ def test_chain_forward_matches_tree_forward_and_commit(params):
 
     def prefilled(extra):
         kv = model.new_cache(width + extra)
-        model.forward(torch.tensor(prompt), torch.arange(c), kv,
-                      _tensor(mask_lib.causal_mask(c, 0, width)))
+        model.forward(
+            torch.tensor(prompt), torch.arange(c), kv, _tensor(mask_lib.causal_mask(c, 0, width))
+        )
         kv.advance(c)
         return kv
 
@@ -161,12 +167,20 @@ def test_chain_forward_matches_tree_forward_and_commit(params):
     chain_mask = _tensor(branches.branch_mask(length, c, t, width))
     chain_pos = c + torch.arange(t).expand(b, t)
     logits, feats = branches.verify_branches(
-        model, chain_kv, tokens, _tensor(slots), chain_pos, chain_mask,
-        (0, 2), index_select=simulated.index_select)
+        model,
+        chain_kv,
+        tokens,
+        _tensor(slots),
+        chain_pos,
+        chain_mask,
+        (0, 2),
+        index_select=simulated.index_select,
+    )
     rows = _tensor(branches.node_rows(tree, slots, length)).long()
     torch.testing.assert_close(logits.reshape(b * t, -1)[rows], expected, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(feats.reshape(b * t, 2, -1)[rows], expected_feats, atol=1e-4,
-                               rtol=1e-4)
+    torch.testing.assert_close(
+        feats.reshape(b * t, 2, -1)[rows], expected_feats, atol=1e-4, rtol=1e-4
+    )
 
     # Accept root -> 1 -> 4: chain 2 wins; its commit must leave what the tree commit leaves.
     tree_kv.commit_path([0, 1, 4])
@@ -183,12 +197,22 @@ def test_commit_slots_rejects_out_of_range():
         branches.commit_slots(1, 5, 5)
 
 
-SAMPLE = SpecConfig(budget=8, depth=4, max_new_tokens=24, eos_id=NO_EOS, acceptance="sample",
-                    temperature=1.0, seed=5)
+SAMPLE = SpecConfig(
+    budget=8,
+    depth=4,
+    max_new_tokens=24,
+    eos_id=NO_EOS,
+    acceptance="sample",
+    temperature=1.0,
+    seed=5,
+)
 
 
-@pytest.mark.parametrize("which, spec", [("oracle", SPEC), ("ngram", SPEC),
-                                         ("oracle", SAMPLE)], ids=["oracle", "ngram", "sample"])
+@pytest.mark.parametrize(
+    "which, spec",
+    [("oracle", SPEC), ("ngram", SPEC), ("oracle", SAMPLE)],
+    ids=["oracle", "ngram", "sample"],
+)
 def test_branches_mode_equals_tree_mode_and_jax(params, oracle, which, spec):
     drafter = oracle if which == "oracle" else NGRAM
     model = TorchLlama(CFG, params, attention_impl="sdpa")
@@ -204,8 +228,9 @@ def test_branches_mode_equals_tree_mode_and_jax(params, oracle, which, spec):
 
 def test_branches_mode_runs_clean_under_the_simulator(params, oracle):
     model = TorchLlama(CFG, params, attention_impl="npu_fused")
-    runner = TorchTeacherRunner(model, oracle, SPEC, mode="branches",
-                                index_select=simulated.index_select)
+    runner = TorchTeacherRunner(
+        model, oracle, SPEC, mode="branches", index_select=simulated.index_select
+    )
     winners = []
     with simulated_npu() as npu:
         state, kv = runner.start(PROMPT)
@@ -217,7 +242,7 @@ def test_branches_mode_runs_clean_under_the_simulator(params, oracle):
     # Three paths make three leaves (two if a decoy merges), rounded up to a power of two.
     assert {r.verified for r in winners} <= {2, 4} and any(r.verified == 4 for r in winners)
     expected = gen.generate(gen.Teacher(CFG, params), oracle, PROMPT, SPEC)
-    new = np.asarray(state.tokens)[len(PROMPT): len(PROMPT) + SPEC.max_new_tokens]
+    new = np.asarray(state.tokens)[len(PROMPT) : len(PROMPT) + SPEC.max_new_tokens]
     assert new.tolist() == expected.tokens
     assert int(state.rounds) == expected.stats.rounds
 
@@ -231,8 +256,13 @@ def _minus_one_table(tree):
 
 def test_minus_one_padded_branch_table_raises_in_the_strict_gather(params):
     model = TorchLlama(CFG, params, attention_impl="npu_fused")
-    runner = TorchTeacherRunner(model, NGRAM, SPEC, mode="branches",
-                                index_select=simulated.index_select,
-                                branch_table=_minus_one_table)
+    runner = TorchTeacherRunner(
+        model,
+        NGRAM,
+        SPEC,
+        mode="branches",
+        index_select=simulated.index_select,
+        branch_table=_minus_one_table,
+    )
     with simulated_npu(), pytest.raises(AscendConstraintError, match="negative"):
         runner.generate(PROMPT)

@@ -55,8 +55,11 @@ def npu_devices(monkeypatch):
 def test_missing_package_is_named(no_torch_npu):
     status = device.probe_npu()
     assert not status.installed and not status.available
-    with pytest.raises(device.DeviceUnavailableError, match=r"torch_npu package is not installed"
-                       r".*pip install eaglepangu\[npu\]"):
+    with pytest.raises(
+        device.DeviceUnavailableError,
+        match=r"torch_npu package is not installed"
+        r".*pip install eaglepangu\[npu\]",
+    ):
         device.select_device("npu")
 
 
@@ -125,10 +128,13 @@ def test_cpu_is_always_available():
 
 def test_packages_import_without_torch():
     """The JAX library and the adapter package itself must not pull torch in."""
-    code = ("import sys, eaglepangu_jax, eaglepangu_jax.models.llama, npu_backend; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=Path(__file__).parents[1])
+    code = (
+        "import sys, eaglepangu_jax, eaglepangu_jax.models.llama, npu_backend; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
+    )
     assert result.returncode == 0, result.stderr
 
 

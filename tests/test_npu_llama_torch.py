@@ -40,8 +40,9 @@ def _prefill(config, params, model, tokens, window):
     pos = jnp.arange(t, dtype=jnp.int32)
     mask = jax_mask.causal_mask(t, 0, window)
     cache = jax_cache.init(config.num_layers, SLOTS, config.num_kv_heads, config.head_dim)
-    logits, feats, cache = jax_forward(params, toks, pos, cache, mask, config=config,
-                                         feature_layers=FEATURES)
+    logits, feats, cache = jax_forward(
+        params, toks, pos, cache, mask, config=config, feature_layers=FEATURES
+    )
     torch_cache = model.new_cache(SLOTS)
     out = model.forward(_tensor(toks), _tensor(pos), torch_cache, _tensor(mask), FEATURES)
     return (logits, feats, cache), out, torch_cache
@@ -56,7 +57,8 @@ def test_prefill_matches_jax(tiny, impl):
     config, params = tiny
     model = TorchLlama(config, params, attention_impl=impl)
     (logits, feats, cache), (t_logits, t_feats), t_cache = _prefill(
-        config, params, model, [5, 17, 3, 90, 1, 44, 8], window=16)
+        config, params, model, [5, 17, 3, 90, 1, 44, 8], window=16
+    )
     assert t_logits.dtype == torch.float32 and t_logits.shape == (7, config.vocab_size)
     assert t_feats.shape == (7, len(FEATURES), config.hidden_size)
     _assert_close(logits, t_logits)
@@ -79,10 +81,12 @@ def test_tree_verification_and_commit_match_jax(tiny):
     tokens = jnp.asarray([12, 4, 60, 33, 2, 71, 18][:n], jnp.int32)
     positions = jax_tree.positions(tree, cache.length)
     mask = jax_mask.verify_mask(tree, cache.length, SLOTS)
-    logits, feats, cache = jax_forward(params, tokens, positions, cache, mask, config=config,
-                                         feature_layers=FEATURES)
-    t_logits, t_feats = model.forward(_tensor(tokens), _tensor(positions), t_cache,
-                                      _tensor(mask), FEATURES)
+    logits, feats, cache = jax_forward(
+        params, tokens, positions, cache, mask, config=config, feature_layers=FEATURES
+    )
+    t_logits, t_feats = model.forward(
+        _tensor(tokens), _tensor(positions), t_cache, _tensor(mask), FEATURES
+    )
     _assert_close(logits, t_logits)
     _assert_close(feats, t_feats)
 
@@ -111,8 +115,9 @@ def test_npu_fused_under_the_simulator_matches_eager(tiny):
     tokens, positions = torch.tensor([4, 8, 15, 16, 23]), torch.arange(5)
     mask = _tensor(jax_mask.causal_mask(5, 0, 24))  # 24 slots: the fused path pads the keys
     eager = TorchLlama(config, params, attention_impl="eager")
-    expected, expected_feats = eager.forward(tokens, positions, eager.new_cache(SLOTS), mask,
-                                             FEATURES)
+    expected, expected_feats = eager.forward(
+        tokens, positions, eager.new_cache(SLOTS), mask, FEATURES
+    )
     fused = TorchLlama(config, params, attention_impl="npu_fused")
     with simulated_npu() as npu:
         logits, feats = fused.forward(tokens, positions, fused.new_cache(SLOTS), mask, FEATURES)
@@ -125,8 +130,9 @@ def test_cached_decoding_equals_one_prefill(tiny):
     config, params = tiny
     model = TorchLlama(config, params, attention_impl="sdpa")
     tokens = [7, 1, 30, 2, 66, 5]
-    full, _ = model.forward(tokens, range(6), model.new_cache(16),
-                            _tensor(jax_mask.causal_mask(6, 0, 16)))
+    full, _ = model.forward(
+        tokens, range(6), model.new_cache(16), _tensor(jax_mask.causal_mask(6, 0, 16))
+    )
     cache = model.new_cache(16)
     model.forward(tokens[:4], range(4), cache, _tensor(jax_mask.causal_mask(4, 0, 16)))
     cache.advance(4)
@@ -225,8 +231,13 @@ def test_commit_length_and_advance_follow_the_jax_cache():
 
 @pytest.mark.parametrize(
     "path, message",
-    [([0, -1], "does not fit"), ([0, 8], "does not fit"), ([1, 2], "root"), ([], "root"),
-     ([0, 3, 3], "repeats")],
+    [
+        ([0, -1], "does not fit"),
+        ([0, 8], "does not fit"),
+        ([1, 2], "root"),
+        ([], "root"),
+        ([0, 3, 3], "repeats"),
+    ],
 )
 def test_commit_path_refuses_bad_paths(path, message):
     cache = _filled_cache()
@@ -253,9 +264,11 @@ def test_real_smollm2_matches_jax():
     mask = jax_mask.causal_mask(len(tokens), 0, 16)
     cache = jax_cache.init(config.num_layers, 16, config.num_kv_heads, config.head_dim)
     toks, pos = jnp.asarray(tokens, jnp.int32), jnp.arange(len(tokens), dtype=jnp.int32)
-    logits, feats, _ = jax_forward(params, toks, pos, cache, mask, config=config,
-                               feature_layers=features)
-    t_logits, t_feats = model.forward(tokens, range(len(tokens)), model.new_cache(16),
-                                      _tensor(mask), features)
+    logits, feats, _ = jax_forward(
+        params, toks, pos, cache, mask, config=config, feature_layers=features
+    )
+    t_logits, t_feats = model.forward(
+        tokens, range(len(tokens)), model.new_cache(16), _tensor(mask), features
+    )
     _assert_close(logits, t_logits)
     _assert_close(feats, t_feats)

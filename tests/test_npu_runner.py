@@ -103,8 +103,11 @@ def _assert_same_run(result, expected):
 
 @pytest.mark.parametrize("which", ["plain", "ngram", "oracle"])
 def test_tree_mode_equals_jax_generate(params, teacher, greedy, which):
-    drafter = {"plain": None, "ngram": NGramDrafter(budget=8, depth=4, num_matches=4),
-               "oracle": OracleDrafter(tuple(greedy))}[which]
+    drafter = {
+        "plain": None,
+        "ngram": NGramDrafter(budget=8, depth=4, num_matches=4),
+        "oracle": OracleDrafter(tuple(greedy)),
+    }[which]
     model = TorchLlama(CFG, params, attention_impl="sdpa")
     result = generate_torch(model, drafter, PROMPT, SPEC)
     _assert_same_run(result, gen.generate(teacher, drafter, PROMPT, SPEC))
@@ -156,10 +159,12 @@ def _close(a, b):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * (1.0 + float(np.abs(b).max())))
 
 
-@pytest.mark.parametrize("which, mode", [("eagle3", "tree"), ("eagle3", "branches"),
-                                         ("oracle", "branches")])
-def test_teacher_features_reach_the_drafter_like_in_jax(params, teacher, greedy, eagle,
-                                                        eagle_params, which, mode):
+@pytest.mark.parametrize(
+    "which, mode", [("eagle3", "tree"), ("eagle3", "branches"), ("oracle", "branches")]
+)
+def test_teacher_features_reach_the_drafter_like_in_jax(
+    params, teacher, greedy, eagle, eagle_params, which, mode
+):
     """Round by round: same tokens, features, drafter state and committed cache. The
     feature-tapping oracle gets paths accepted, so features come from deep chain rows."""
     spec = dataclasses.replace(SPEC, depth=4, max_new_tokens=12)
@@ -168,10 +173,10 @@ def test_teacher_features_reach_the_drafter_like_in_jax(params, teacher, greedy,
         drafter, draft_params = OracleDrafter(tuple(greedy), feature_layers=(0, 2)), None
     capacity = gen.cache_slots(len(PROMPT), spec, CFG.max_position)
     key = jax.random.fold_in(jax.random.key(spec.seed), 0)
-    expected = gen.init_state(teacher, drafter, draft_params, PROMPT, spec, capacity=capacity,
-                              key=key)
-    static = StepStatic(teacher=CFG, drafter=drafter, spec=spec, window=capacity,
-                        eos_id=NO_EOS)
+    expected = gen.init_state(
+        teacher, drafter, draft_params, PROMPT, spec, capacity=capacity, key=key
+    )
+    static = StepStatic(teacher=CFG, drafter=drafter, spec=spec, window=capacity, eos_id=NO_EOS)
     step = jax.jit(speculative_step, static_argnums=0)
     model = TorchLlama(CFG, params, attention_impl="eager")
     runner = TorchTeacherRunner(model, drafter, spec, draft_params=draft_params, mode=mode)
@@ -186,8 +191,10 @@ def test_teacher_features_reach_the_drafter_like_in_jax(params, teacher, greedy,
         np.testing.assert_array_equal(state.tokens, expected.tokens)
         assert int(state.num_features) == int(expected.num_features)
         _close(state.features, expected.features)
-        for got, want in zip(jax.tree_util.tree_leaves(state.drafter_state),
-                             jax.tree_util.tree_leaves(expected.drafter_state)):
+        for got, want in zip(
+            jax.tree_util.tree_leaves(state.drafter_state),
+            jax.tree_util.tree_leaves(expected.drafter_state),
+        ):
             _close(got, want)
         n = kv.length
         assert n == int(expected.cache.length)
@@ -212,8 +219,9 @@ def test_whole_loop_runs_clean_under_the_simulator(params, greedy, mode):
     drafter = OracleDrafter(tuple(greedy))
     model = TorchLlama(CFG, params, attention_impl="npu_fused")
     with simulated_npu() as npu:
-        result = generate_torch(model, drafter, PROMPT, SPEC, mode=mode,
-                                index_select=simulated.index_select)
+        result = generate_torch(
+            model, drafter, PROMPT, SPEC, mode=mode, index_select=simulated.index_select
+        )
     assert result.tokens == greedy
     prefill_chunks = 1
     assert npu.calls == CFG.num_layers * (prefill_chunks + result.stats.rounds)
@@ -262,8 +270,10 @@ def test_smollm2_ngram_tree_and_branches_equal_jax():
     tok = tokenizer.load_tokenizer()
     drafter = NGramDrafter(budget=12, depth=6)
     spec = SpecConfig(budget=12, depth=6, max_new_tokens=32)
-    questions = ["Write a Python function that returns the squares of a list of numbers.",
-                 "List the first five prime numbers, one per line."]
+    questions = [
+        "Write a Python function that returns the squares of a list of numbers.",
+        "List the first five prime numbers, one per line.",
+    ]
     accepted = 0
     for question in questions:
         prompt = chat.encode_chat(tok, [{"role": "user", "content": question}])

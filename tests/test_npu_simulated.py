@@ -23,8 +23,11 @@ def npu():
 
 def _qkv(b=1, nq=2, n_kv=1, t=4, s=ALIGN, dh=8, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, nq, t, dh, generator=gen), torch.randn(b, n_kv, s, dh, generator=gen),
-            torch.randn(b, n_kv, s, dh, generator=gen))
+    return (
+        torch.randn(b, nq, t, dh, generator=gen),
+        torch.randn(b, n_kv, s, dh, generator=gen),
+        torch.randn(b, n_kv, s, dh, generator=gen),
+    )
 
 
 def _allowed_to_ascend(allowed):
@@ -53,8 +56,9 @@ def test_semantics_one_means_masked_out(npu):
     allowed = torch.zeros(2, ALIGN, dtype=torch.bool)
     allowed[0, 3] = True  # row 0 sees only key 3: its output is exactly v[3]
     allowed[1, :5] = True
-    out = npu.npu_fusion_attention(q, k, v, 2, "BNSD", atten_mask=_allowed_to_ascend(allowed),
-                                   scale=0.5)[0]
+    out = npu.npu_fusion_attention(
+        q, k, v, 2, "BNSD", atten_mask=_allowed_to_ascend(allowed), scale=0.5
+    )[0]
     torch.testing.assert_close(out[0, :, 0], v[0, 0, 3].expand(2, -1))
     scores = (q[0, :, 1] @ k[0, 0, :5].T) * 0.5
     expected = torch.softmax(scores, dim=-1) @ v[0, 0, :5]
@@ -67,8 +71,12 @@ def test_every_documented_mask_shape_is_accepted_and_agrees(npu, shape):
     q, k, v = _qkv(b=b, nq=n, t=t, s=s)
     allowed = torch.arange(s)[None, :] <= torch.arange(t)[:, None] + 3  # [T, S]
     full = _allowed_to_ascend(allowed)
-    mask = {"BNSS": full.expand(b, n, t, s), "B1SS": full.expand(b, 1, t, s),
-            "11SS": full[None, None], "SS": full}[shape].contiguous()
+    mask = {
+        "BNSS": full.expand(b, n, t, s),
+        "B1SS": full.expand(b, 1, t, s),
+        "11SS": full[None, None],
+        "SS": full,
+    }[shape].contiguous()
     out = npu.npu_fusion_attention(q, k, v, n, "BNSD", atten_mask=mask)[0]
     expected = npu.npu_fusion_attention(q, k, v, n, "BNSD", atten_mask=full)[0]
     torch.testing.assert_close(out, expected)
@@ -121,16 +129,28 @@ def test_sdpa_polarity_with_zero_padded_keys_is_caught(npu):
     "make, message",
     [
         (lambda q, k, v, m: dict(query=q, key=k, value=v, atten_mask=m.float()), "dtype"),
-        (lambda q, k, v, m: dict(query=q, key=k, value=v, atten_mask=m[None]),
-         "none of BNSS/B1SS/11SS/SS"),
+        (
+            lambda q, k, v, m: dict(query=q, key=k, value=v, atten_mask=m[None]),
+            "none of BNSS/B1SS/11SS/SS",
+        ),
         (lambda q, k, v, m: dict(query=q, key=k, value=v, atten_mask=m + 2), "other than 0 and 1"),
-        (lambda q, k, v, m: dict(query=q, key=k[:, :, :-1], value=v[:, :, :-1],
-                                 atten_mask=m[:, :-1].contiguous()), "not padded"),
-        (lambda q, k, v, m: dict(query=q.transpose(2, 3).contiguous().transpose(2, 3), key=k,
-                                 value=v, atten_mask=m), "not contiguous"),
+        (
+            lambda q, k, v, m: dict(
+                query=q, key=k[:, :, :-1], value=v[:, :, :-1], atten_mask=m[:, :-1].contiguous()
+            ),
+            "not padded",
+        ),
+        (
+            lambda q, k, v, m: dict(
+                query=q.transpose(2, 3).contiguous().transpose(2, 3), key=k, value=v, atten_mask=m
+            ),
+            "not contiguous",
+        ),
         (lambda q, k, v, m: dict(query=q, key=k.half(), value=v, atten_mask=m), "mixed dtypes"),
-        (lambda q, k, v, m: dict(query=q, key=k, value=v, atten_mask=m, sparse_mode=3),
-         "sparse_mode"),
+        (
+            lambda q, k, v, m: dict(query=q, key=k, value=v, atten_mask=m, sparse_mode=3),
+            "sparse_mode",
+        ),
         (lambda q, k, v, m: dict(query=q, key=k, value=v, atten_mask=None), "required"),
     ],
 )
@@ -184,12 +204,13 @@ def test_reference_matches_float64_softmax(npu):
     gen = np.random.default_rng(0)
     masked = gen.random((3, ALIGN)) < 0.5
     masked[:, 0] = False
-    out = npu.npu_fusion_attention(q, k, v, 2, "BNSD",
-                                   atten_mask=torch.from_numpy(masked.astype(np.uint8)),
-                                   scale=0.25)[0]
+    out = npu.npu_fusion_attention(
+        q, k, v, 2, "BNSD", atten_mask=torch.from_numpy(masked.astype(np.uint8)), scale=0.25
+    )[0]
     qd, kd, vd = (x.double().numpy()[0] for x in (q, k, v))
     for h in range(2):
         scores = np.where(masked, -np.inf, qd[h] @ kd[0].T * 0.25)
         p = np.exp(scores - scores.max(-1, keepdims=True))
-        np.testing.assert_allclose(out[0, h].numpy(), (p / p.sum(-1, keepdims=True)) @ vd[0],
-                                   atol=1e-5)
+        np.testing.assert_allclose(
+            out[0, h].numpy(), (p / p.sum(-1, keepdims=True)) @ vd[0], atol=1e-5
+        )

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from eaglepangu_jax import runtime
+from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.evaluation import run as bench_run
 from eaglepangu_jax.methods import peers
 from eaglepangu_jax.methods import registry as methods_lib
-from eaglepangu_jax import runtime
-from eaglepangu_jax.engine.config import SpecConfig
 
 
 def _calls(prompt_len, emitted, candidates, *, first_end=1.0, step=0.5):
@@ -21,16 +21,18 @@ def _calls(prompt_len, emitted, candidates, *, first_end=1.0, step=0.5):
             position, inputs = 0, prompt_len + c
         else:
             position, inputs = prompt_len + done - 1, 1 + c
-        calls.append(peers.ForwardCall(end=first_end + r * step, first_position=position,
-                                       num_inputs=inputs))
+        calls.append(
+            peers.ForwardCall(end=first_end + r * step, first_position=position, num_inputs=inputs)
+        )
         done += e
     return calls
 
 
 def test_greedy_counts_one_token_per_round():
     tokens = [7, 8, 9, 10]
-    stats = peers.count_rounds(_calls(5, [1, 1, 1, 1], [0, 0, 0, 0]), tokens, prompt_len=5,
-                               start=0.25, end=2.75)
+    stats = peers.count_rounds(
+        _calls(5, [1, 1, 1, 1], [0, 0, 0, 0]), tokens, prompt_len=5, start=0.25, end=2.75
+    )
     assert (stats.new_tokens, stats.rounds, stats.accepted_length) == (4, 4, 1.0)
     assert stats.accepted_per_round == (0, 0, 0, 0) and stats.nodes_per_round == (0, 0, 0, 0)
     # The first call (prompt + first token) is the prefill; the 3 later tokens over 1.75 s.
@@ -42,8 +44,10 @@ def test_greedy_counts_one_token_per_round():
 def test_prompt_lookup_rounds():
     # Round 1 verifies 3 candidates after the 5-token prompt and keeps 2 (+ bonus); round 2
     # verifies 3 more at the last committed token and keeps all of them (+ bonus).
-    calls = [peers.ForwardCall(end=1.0, first_position=0, num_inputs=8),
-             peers.ForwardCall(end=2.0, first_position=7, num_inputs=4)]
+    calls = [
+        peers.ForwardCall(end=1.0, first_position=0, num_inputs=8),
+        peers.ForwardCall(end=2.0, first_position=7, num_inputs=4),
+    ]
     stats = peers.count_rounds(calls, list(range(7)), prompt_len=5, start=0.0, end=2.5)
     assert stats.rounds == 2 and stats.accepted_length == 3.5
     assert stats.accepted_per_round == (2, 3) and stats.nodes_per_round == (3, 3)
@@ -69,15 +73,17 @@ def test_no_call_is_refused():
         peers.count_rounds([], [1], prompt_len=5, start=0.0, end=2.0)
 
 
-@given(prompt_len=st.integers(1, 50),
-       rounds=st.lists(st.tuples(st.integers(1, 11), st.integers(0, 10)), min_size=1,
-                       max_size=30))
+@given(
+    prompt_len=st.integers(1, 50),
+    rounds=st.lists(st.tuples(st.integers(1, 11), st.integers(0, 10)), min_size=1, max_size=30),
+)
 def test_count_rounds_recovers_every_round(prompt_len, rounds):
     emitted = [e for e, _ in rounds]
     candidates = [max(c, e - 1) for e, c in rounds]  # a round keeps at most its drafts + 1
     tokens = list(range(sum(emitted)))
-    stats = peers.count_rounds(_calls(prompt_len, emitted, candidates), tokens,
-                               prompt_len=prompt_len, start=0.0, end=100.0)
+    stats = peers.count_rounds(
+        _calls(prompt_len, emitted, candidates), tokens, prompt_len=prompt_len, start=0.0, end=100.0
+    )
     assert stats.rounds == len(rounds) and stats.new_tokens == len(tokens)
     assert stats.accepted_length == pytest.approx(len(tokens) / len(rounds))
     assert stats.accepted_per_round == tuple(e - 1 for e in emitted)
@@ -89,8 +95,10 @@ def test_reference_stack_missing(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)
-    with pytest.raises(peers.ReferenceStackMissingError,
-                       match=r"torch\. Install them with: pip install 'eaglepangu\[reference\]'"):
+    with pytest.raises(
+        peers.ReferenceStackMissingError,
+        match=r"torch\. Install them with: pip install 'eaglepangu\[reference\]'",
+    ):
         peers.import_reference_stack()
     with pytest.raises(peers.ReferenceStackMissingError, match="reference"):
         peers.set_torch_threads(1)
@@ -113,9 +121,15 @@ def test_peer_settings_are_checked():
 def tiny_model():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=256)
+    config = transformers.LlamaConfig(
+        vocab_size=61,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     # float64: the multi-token verify forward and the one-token steps then agree far past
     # any logit gap of this random model, so prompt lookup must reproduce greedy exactly.
@@ -129,16 +143,18 @@ def test_hooked_generate_counts_a_tiny_model(tiny_model):
     assert len(greedy.tokens) == 24
     assert greedy.stats.rounds == 24 and greedy.stats.accepted_length == 1.0
     assert greedy.stats.nodes_per_round == (0,) * 24
-    pld = peers.transformers_generate(tiny_model, prompt, max_new_tokens=24, eos_id=999,
-                                      prompt_lookup=4)
+    pld = peers.transformers_generate(
+        tiny_model, prompt, max_new_tokens=24, eos_id=999, prompt_lookup=4
+    )
     assert pld.tokens == greedy.tokens
     s = pld.stats
     assert s.new_tokens == 24 and len(s.accepted_per_round) == s.rounds < 24  # drafts kept
     assert sum(s.accepted_per_round) + s.rounds == 24
     assert all(0 <= a <= n <= 4 for a, n in zip(s.accepted_per_round, s.nodes_per_round))
     # Stops at eos, which is counted: the first generated token made the stop token.
-    stop = peers.transformers_generate(tiny_model, prompt, max_new_tokens=24,
-                                       eos_id=greedy.tokens[0])
+    stop = peers.transformers_generate(
+        tiny_model, prompt, max_new_tokens=24, eos_id=greedy.tokens[0]
+    )
     assert stop.tokens == greedy.tokens[:1] and stop.stats.rounds == 1
 
 
@@ -155,7 +171,6 @@ def test_peer_reports_the_settings_in_effect():
 @pytest.mark.slow
 @pytest.mark.reference
 def test_peers_match_our_greedy_on_the_real_teacher():
-    from eaglepangu_jax import runtime
     from eaglepangu_jax.models import smollm2
 
     try:
@@ -164,11 +179,13 @@ def test_peers_match_our_greedy_on_the_real_teacher():
     except (smollm2.ModelNotInstalledError, peers.ReferenceStackMissingError) as err:
         pytest.skip(str(err))
     teacher, renderer = runtime.load_teacher(), runtime.load_renderer()
-    text = "def running_max(xs):\n    \"\"\"Running maximum of xs, as a list.\"\"\"\n"
+    text = 'def running_max(xs):\n    """Running maximum of xs, as a list."""\n'
     ids = renderer.encode([{"role": "user", "content": text}])
     spec = SpecConfig(budget=8, depth=6, max_new_tokens=16)
-    results = {name: bench_run.generate_with(teacher, methods_lib.make_method(name, spec), ids)
-               for name in ("greedy", "transformers-greedy", "transformers-pld")}
+    results = {
+        name: bench_run.generate_with(teacher, methods_lib.make_method(name, spec), ids)
+        for name in ("greedy", "transformers-greedy", "transformers-pld")
+    }
     ours = results["greedy"].tokens
     assert len(ours) == 16 or ours[-1] == teacher.config.eos_id
     assert results["transformers-greedy"].tokens == ours

@@ -53,9 +53,14 @@ def _next_probs(teacher, ids):
     cfg = teacher.config
     t = len(ids)
     kv = init(cfg.num_layers, t, cfg.num_kv_heads, cfg.head_dim)
-    logits, _, _ = llama.forward(teacher.params, jnp.asarray(ids, jnp.int32),
-                                 jnp.arange(t, dtype=jnp.int32), kv,
-                                 mask_lib.causal_mask(t, 0, t), config=cfg)
+    logits, _, _ = llama.forward(
+        teacher.params,
+        jnp.asarray(ids, jnp.int32),
+        jnp.arange(t, dtype=jnp.int32),
+        kv,
+        mask_lib.causal_mask(t, 0, t),
+        config=cfg,
+    )
     return np.asarray(verify.adjusted_probs(logits[-1], TEMPERATURE, TOP_P), np.float64)
 
 
@@ -69,9 +74,13 @@ class FixedTree(StatelessDrafter):
     name: str = "fixed"
 
     def propose(self, params, state, context, key):
-        return Proposal(tree=tree_lib.from_parents(jnp.asarray(self.parents, jnp.int32),
-                                                   tokens=jnp.asarray(self.tokens, jnp.int32),
-                                                   max_depth=self.depth))
+        return Proposal(
+            tree=tree_lib.from_parents(
+                jnp.asarray(self.parents, jnp.int32),
+                tokens=jnp.asarray(self.tokens, jnp.int32),
+                max_depth=self.depth,
+            )
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +139,16 @@ def test_first_two_tokens_follow_the_teacher(setup):
     second = {t: [int(x) for x in np.argsort(-second_probs[t])[:TOP2]] for t in first}
     probs = _expected(p1, first, second_probs, second)
     assert probs[:-1].sum() > 0.3, "the categories should cover much of the mass"
-    spec = SpecConfig(budget=9, depth=2, max_new_tokens=2, acceptance="sample",
-                      temperature=TEMPERATURE, top_p=TOP_P, seed=11, eos_id=-1)
+    spec = SpecConfig(
+        budget=9,
+        depth=2,
+        max_new_tokens=2,
+        acceptance="sample",
+        temperature=TEMPERATURE,
+        top_p=TOP_P,
+        seed=11,
+        eos_id=-1,
+    )
     # Deterministic children: the 3 likeliest first tokens, each with its 2 likeliest next.
     parents = (0, 0, 0, 0, 1, 1, 2, 2, 3, 3)
     tokens = (0, *first[:3], *[t for t1 in first[:3] for t in second[t1][:2]])
@@ -143,8 +160,9 @@ def test_first_two_tokens_follow_the_teacher(setup):
     drafters = {
         "plain": None,
         "deterministic": FixedTree(parents, tokens),
-        "sampled": SampledTree(tuple((q_root / q_root.sum()).tolist()),
-                               tuple((q_child / q_child.sum()).tolist())),
+        "sampled": SampledTree(
+            tuple((q_root / q_root.sum()).tolist()), tuple((q_child / q_child.sum()).tolist())
+        ),
     }
     for name, drafter in drafters.items():
         samples = gen.sample_many(teacher, drafter, prompt, spec, SAMPLES)

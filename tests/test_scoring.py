@@ -81,10 +81,12 @@ SMOOTH_VALUES = st.floats(-6.0, 0.0, allow_nan=False, allow_subnormal=False, wid
 @st.composite
 def marginals(draw, shapes=((1, 4), (3, 4), (2, 3))):
     d, v = draw(st.sampled_from(shapes))
-    values = draw(st.sampled_from([TIE_VALUES, SMOOTH_VALUES, st.one_of(TIE_VALUES,
-                                                                        SMOOTH_VALUES)]))
-    return np.asarray(draw(st.lists(values, min_size=d * v, max_size=d * v)),
-                      np.float32).reshape(d, v)
+    values = draw(
+        st.sampled_from([TIE_VALUES, SMOOTH_VALUES, st.one_of(TIE_VALUES, SMOOTH_VALUES)])
+    )
+    return np.asarray(draw(st.lists(values, min_size=d * v, max_size=d * v)), np.float32).reshape(
+        d, v
+    )
 
 
 # Few static budgets (each compiles once); smaller ones are reached through n_nodes.
@@ -94,11 +96,16 @@ BUDGETS = st.sampled_from([2, 90])
 @st.composite
 def parents_and_logprobs(draw, max_n=12):
     n = draw(st.integers(1, max_n))
-    parents = [0] + [draw(st.one_of(st.integers(0, i - 1), st.integers(-3, n + 2)))
-                     for i in range(1, n)]
-    logprobs = draw(st.lists(st.one_of(st.floats(-5.0, 0.0, width=32),
-                                       st.sampled_from([NAN, NEG_INF])),
-                             min_size=n, max_size=n))
+    parents = [0] + [
+        draw(st.one_of(st.integers(0, i - 1), st.integers(-3, n + 2))) for i in range(1, n)
+    ]
+    logprobs = draw(
+        st.lists(
+            st.one_of(st.floats(-5.0, 0.0, width=32), st.sampled_from([NAN, NEG_INF])),
+            min_size=n,
+            max_size=n,
+        )
+    )
     return np.asarray(parents, np.int32), np.asarray(logprobs, np.float32)
 
 
@@ -131,9 +138,12 @@ def test_path_logscores_rejects_mismatched_shapes():
 
 
 def test_expected_accept_literal_tree():
-    tree = T.from_parents([0, 0, 0, 1, 1], valid=[True, True, True, True, False],
-                          logscore=np.log([7.0, 0.5, 0.25, 0.2, 0.1]).astype(np.float32),
-                          max_depth=2)
+    tree = T.from_parents(
+        [0, 0, 0, 1, 1],
+        valid=[True, True, True, True, False],
+        logscore=np.log([7.0, 0.5, 0.25, 0.2, 0.1]).astype(np.float32),
+        max_depth=2,
+    )
     # Root counts 1 whatever its stored score; padding counts 0.
     np.testing.assert_allclose(S.expected_accept(tree), 1.0 + 0.5 + 0.25 + 0.2, rtol=1e-6)
     nan_tree = T.from_parents([0, 0], logscore=[0.0, NAN], max_depth=1)
@@ -188,9 +198,9 @@ def test_best_first_matches_brute_force_oracle(lp, budget, top_k, n_nodes):
     m = len(tokens)
     valid = np.asarray(t.valid)
     np.testing.assert_array_equal(valid[1:], [True] * m + [False] * (budget - m))
-    np.testing.assert_array_equal(np.asarray(t.tokens)[1:m + 1], tokens)
-    np.testing.assert_array_equal(np.asarray(t.parents)[1:m + 1], parents)
-    np.testing.assert_array_equal(np.asarray(t.logscore)[1:m + 1], np.asarray(scores, np.float32))
+    np.testing.assert_array_equal(np.asarray(t.tokens)[1 : m + 1], tokens)
+    np.testing.assert_array_equal(np.asarray(t.parents)[1 : m + 1], parents)
+    np.testing.assert_array_equal(np.asarray(t.logscore)[1 : m + 1], np.asarray(scores, np.float32))
 
 
 @given(st.integers(0, 2**32 - 1), st.integers(1, 30))
@@ -204,12 +214,15 @@ def test_distinct_scores_give_exactly_the_top_budget_prefixes(seed, n):
         for path in itertools.product(range(4), repeat=d):
             every[path] = sum(np.float64(lp[k, x]) for k, x in enumerate(path))
     want = sorted(every, key=every.get, reverse=True)[:n]
-    got = [tuple(int(t.tokens[a]) for a in t.ancestors[i, 1:int(t.depth[i]) + 1])
-           for i in range(1, n + 1)]
+    got = [
+        tuple(int(t.tokens[a]) for a in t.ancestors[i, 1 : int(t.depth[i]) + 1])
+        for i in range(1, n + 1)
+    ]
     assert set(got) == set(want)
     assert int(t.valid.sum()) == n + 1
-    np.testing.assert_allclose(np.asarray(t.logscore)[1:n + 1], [every[p] for p in got],
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(t.logscore)[1 : n + 1], [every[p] for p in got], rtol=1e-5
+    )
 
 
 @given(marginals(), BUDGETS)
@@ -219,7 +232,7 @@ def test_best_first_properties(lp, budget):
         assert bool(jnp.all(ok)), name
     valid = np.asarray(t.valid)
     m = int(valid.sum()) - 1
-    assert valid[: m + 1].all() and not valid[m + 1:].any()  # padding only at the tail
+    assert valid[: m + 1].all() and not valid[m + 1 :].any()  # padding only at the tail
     score = np.asarray(t.logscore)[: m + 1]
     assert np.all(np.diff(score) <= 0), "scores must not increase with the slot"
     clean = np.where(np.isnan(lp), -np.inf, np.minimum(lp, 0)).astype(np.float32)
@@ -228,16 +241,17 @@ def test_best_first_properties(lp, budget):
         assert np.isfinite(score[i])
         assert score[i] == np.float32(score[p] + clean[d - 1, tok])
     # Path tokens are distinct across nodes: no prefix appears twice.
-    paths = {tuple(int(t.tokens[a]) for a in t.ancestors[i, 1:int(t.depth[i]) + 1])
-             for i in range(1, m + 1)}
+    paths = {
+        tuple(int(t.tokens[a]) for a in t.ancestors[i, 1 : int(t.depth[i]) + 1])
+        for i in range(1, m + 1)
+    }
     assert len(paths) == m
 
 
 @jax.jit
 def accept_by_budget(lp, n_nodes):
     """A(n) for every n at once: one best-first tree per dynamic node count."""
-    return jax.vmap(lambda n: S.expected_accept(S.best_first(lp, 0, budget=40, n_nodes=n)))(
-        n_nodes)
+    return jax.vmap(lambda n: S.expected_accept(S.best_first(lp, 0, budget=40, n_nodes=n)))(n_nodes)
 
 
 @given(marginals(shapes=((3, 4), (2, 3))))
@@ -265,8 +279,9 @@ def test_vmap_over_a_batch_matches_single_calls():
     lp[1, 1] = NAN
     roots = jnp.arange(5, dtype=jnp.int32)
     n_nodes = jnp.asarray([8, 3, 0, 8, 5], jnp.int32)
-    batched = jax.jit(jax.vmap(functools.partial(S.best_first, budget=8)))(lp, roots,
-                                                                           n_nodes=n_nodes)
+    batched = jax.jit(jax.vmap(functools.partial(S.best_first, budget=8)))(
+        lp, roots, n_nodes=n_nodes
+    )
     for b in range(5):
         single = best_first(lp[b], roots[b], budget=8, n_nodes=n_nodes[b])
         for got, want in zip(jax.tree.leaves(batched), jax.tree.leaves(single)):

@@ -19,8 +19,9 @@ def test_mtbench_suite():
     assert len(convs) == 80 and suites.count_turns(convs) == 160
     assert all(len(c.turns) == 2 for c in convs)
     assert convs[0].id == "81" and convs[0].category == "writing"
-    assert convs[0].turns[1] == ("Rewrite your previous response. Start every sentence with "
-                                 "the letter A.")
+    assert convs[0].turns[1] == (
+        "Rewrite your previous response. Start every sentence with the letter A."
+    )
     assert len({c.id for c in convs}) == 80
 
 
@@ -41,8 +42,9 @@ def test_combined_suite_has_240_turns():
     assert suites.count_turns(convs) == 240
     turns = list(suites.iter_turns(convs))
     assert len(turns) == 240
-    assert turns[1] == suites.Turn(conversation_id="81", category="writing", index=1,
-                                   text=convs[0].turns[1])
+    assert turns[1] == suites.Turn(
+        conversation_id="81", category="writing", index=1, text=convs[0].turns[1]
+    )
     assert turns[-1].conversation_id == "HumanEval/79" and turns[-1].index == 0
 
 
@@ -52,12 +54,15 @@ def test_unknown_suite_lists_known():
 
 
 def test_load_prompts_accepts_turns_prompt_and_id_keys(tmp_path):
-    path = write_lines(tmp_path, [
-        json.dumps({"id": "a", "category": "chat", "turns": ["hi", "more"]}),
-        "",
-        json.dumps({"question_id": 7, "prompt": "one turn"}),
-        json.dumps({"task_id": "T/1", "turns": ["x"]}),
-    ])
+    path = write_lines(
+        tmp_path,
+        [
+            json.dumps({"id": "a", "category": "chat", "turns": ["hi", "more"]}),
+            "",
+            json.dumps({"question_id": 7, "prompt": "one turn"}),
+            json.dumps({"task_id": "T/1", "turns": ["x"]}),
+        ],
+    )
     convs = suites.load_prompts(path)
     assert convs == [
         suites.Conversation(id="a", category="chat", turns=("hi", "more")),
@@ -72,18 +77,21 @@ def test_load_prompts_reads_gzip(tmp_path):
     assert suites.load_prompts(path)[0].turns == ("p",)
 
 
-@pytest.mark.parametrize("bad, problem", [
-    ("{not json", "invalid JSON"),
-    ('["a list"]', "expected a JSON object"),
-    ('{"id": 2}', "missing 'turns'"),
-    ('{"id": 2, "turns": []}', "non-empty list"),
-    ('{"id": 2, "turns": ["ok", 3]}', "non-empty list"),
-    ('{"id": 2, "prompt": ["x"]}', "'prompt' must be"),
-    ('{"turns": ["x"]}', "missing an id"),
-    ('{"id": true, "turns": ["x"]}', "'id' must be"),
-    ('{"id": 2, "turns": ["x"], "category": 5}', "'category' must be"),
-    ('{"id": 1, "turns": ["again"]}', "duplicate id '1' \\(first on line 1\\)"),
-])
+@pytest.mark.parametrize(
+    "bad, problem",
+    [
+        ("{not json", "invalid JSON"),
+        ('["a list"]', "expected a JSON object"),
+        ('{"id": 2}', "missing 'turns'"),
+        ('{"id": 2, "turns": []}', "non-empty list"),
+        ('{"id": 2, "turns": ["ok", 3]}', "non-empty list"),
+        ('{"id": 2, "prompt": ["x"]}', "'prompt' must be"),
+        ('{"turns": ["x"]}', "missing an id"),
+        ('{"id": true, "turns": ["x"]}', "'id' must be"),
+        ('{"id": 2, "turns": ["x"], "category": 5}', "'category' must be"),
+        ('{"id": 1, "turns": ["again"]}', "duplicate id '1' \\(first on line 1\\)"),
+    ],
+)
 def test_malformed_line_names_file_and_line(tmp_path, bad, problem):
     path = write_lines(tmp_path, [json.dumps({"id": 1, "turns": ["fine"]}), "", bad])
     with pytest.raises(ValueError, match=problem) as info:
@@ -100,8 +108,10 @@ def test_empty_file_is_an_error(tmp_path, content):
 
 
 def test_per_category_keeps_the_first_n_of_each_category_in_order():
-    convs = [suites.Conversation(id=str(i), category=c, turns=("x",))
-             for i, c in enumerate(["a", "b", "a", "a", "c", "b"])]
+    convs = [
+        suites.Conversation(id=str(i), category=c, turns=("x",))
+        for i, c in enumerate(["a", "b", "a", "a", "c", "b"])
+    ]
     assert [c.id for c in suites.per_category(convs, 1)] == ["0", "1", "4"]
     assert [c.id for c in suites.per_category(convs, 2)] == ["0", "1", "2", "4", "5"]
     suite = suites.per_category(suites.load_suite("mtbench-humaneval"), 2)

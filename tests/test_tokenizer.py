@@ -21,8 +21,9 @@ def tiny_metadata(**override):
     alphabet = byte_alphabet()
     tokens = SPECIALS + [alphabet[b] for b in range(256)] + MERGED + ["<think>"]
     types = [3] * len(SPECIALS) + [1] * (256 + len(MERGED)) + [4]
-    meta = dict(tokens=tokens, merges=MERGES, token_types=types, bos_id=1, eos_id=2,
-                chat_template=None)
+    meta = dict(
+        tokens=tokens, merges=MERGES, token_types=types, bos_id=1, eos_id=2, chat_template=None
+    )
     return {**meta, **override}
 
 
@@ -45,8 +46,13 @@ def write_tokenizer_gguf(path, meta, model="gpt2"):
     writer.add_eos_token_id(meta["eos_id"])
     writer.add_add_bos_token(False)
     writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    for key in ("block_count", "embedding_length", "context_length", "feed_forward_length",
-                "attention.head_count"):
+    for key in (
+        "block_count",
+        "embedding_length",
+        "context_length",
+        "feed_forward_length",
+        "attention.head_count",
+    ):
         writer.add_uint32(f"llama.{key}", 8)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -196,8 +202,13 @@ def test_tiny_gguf_matches_transformers(tmp_path):
     write_tokenizer_gguf(path, tiny_metadata())
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
     ours = Tokenizer.from_gguf(path)
-    for text in ["the cat in a hat", " the  the\n\nthe", "<|im_start|>in<|im_end|>",
-                 "a<think>b", "é😀中文 'll it's 123"]:
+    for text in [
+        "the cat in a hat",
+        " the  the\n\nthe",
+        "<|im_start|>in<|im_end|>",
+        "a<think>b",
+        "é😀中文 'll it's 123",
+    ]:
         want = theirs(text, add_special_tokens=False)["input_ids"]
         assert ours.encode(text) == want, text
         assert ours.decode(want) == theirs.decode(want), text
@@ -209,7 +220,7 @@ REAL_TEXTS = [
     "Hello, world! How are you today?",
     "def fib(n: int) -> int:\n    if n < 2:\n        return n\n"
     "    return fib(n - 1) + fib(n - 2)\n",
-    "for (int i = 0; i < 10; ++i) { printf(\"%d\\n\", i); }\t// done",
+    'for (int i = 0; i < 10; ++i) { printf("%d\\n", i); }\t// done',
     "  leading and trailing spaces   \n\n\n",
     "Numbers: 2024, 3.14159, 1e-5, 123456789 and -42.",
     "Ünïcödé — “quotes” «guillemets» 日本語のテキスト 中文 한국어 العربية",
@@ -224,6 +235,7 @@ REAL_TEXTS = [
 @pytest.fixture(scope="module")
 def real_pair(tmp_path_factory):
     from eaglepangu_jax.models import smollm2
+
     try:
         path = smollm2.find_smollm2_gguf()
     except smollm2.ModelNotInstalledError as err:

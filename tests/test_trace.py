@@ -47,8 +47,9 @@ def _eagle3(teacher):
     eagle3 = pytest.importorskip("eaglepangu_jax.drafters.eagle3")
     config = eagle3.Eagle3Config.for_teacher(CFG, draft_vocab_size=CFG.vocab_size)
     head = eagle3.init_head(config, jax.random.key(8))
-    params = eagle3.make_params(head, teacher.params["embed"],
-                                jnp.arange(CFG.vocab_size, dtype=jnp.int32))
+    params = eagle3.make_params(
+        head, teacher.params["embed"], jnp.arange(CFG.vocab_size, dtype=jnp.int32)
+    )
     return eagle3.Eagle3Drafter(config=config, budget=6, depth=3, top_k=3), params
 
 
@@ -62,8 +63,9 @@ def test_traced_tokens_equal_generate_and_records_match_schema(teacher, tmp_path
         drafter, params = _eagle3(teacher)
     path = tmp_path / "t.jsonl"
     expected = gen.generate(teacher, drafter, PROMPT, spec, draft_params=params)
-    got = trace.generate_traced(teacher, drafter, PROMPT, spec, draft_params=params,
-                                trace_path=path)
+    got = trace.generate_traced(
+        teacher, drafter, PROMPT, spec, draft_params=params, trace_path=path
+    )
     assert got.tokens == expected.tokens
     assert got.stats.accepted_per_round == expected.stats.accepted_per_round
     assert got.stats.nodes_per_round == expected.stats.nodes_per_round
@@ -92,8 +94,15 @@ def test_traced_tokens_equal_generate_and_records_match_schema(teacher, tmp_path
 
 
 def test_traced_sampling_equals_generate(teacher, tmp_path):
-    spec = SpecConfig(budget=6, depth=3, max_new_tokens=20, eos_id=NO_EOS, acceptance="sample",
-                      temperature=1.0, seed=11)
+    spec = SpecConfig(
+        budget=6,
+        depth=3,
+        max_new_tokens=20,
+        eos_id=NO_EOS,
+        acceptance="sample",
+        temperature=1.0,
+        seed=11,
+    )
     drafter = NGramDrafter(depth=3, budget=6, max_ngram=2)
     expected = gen.generate(teacher, drafter, PROMPT, spec)
     got = trace.generate_traced(teacher, drafter, PROMPT, spec, trace_path=tmp_path / "s.jsonl")
@@ -101,8 +110,9 @@ def test_traced_sampling_equals_generate(teacher, tmp_path):
 
 
 def test_eos_cut_keeps_emitted_sum(teacher, tmp_path):
-    free = gen.generate(teacher, None, PROMPT, SpecConfig(budget=2, depth=2, max_new_tokens=12,
-                                                          eos_id=NO_EOS))
+    free = gen.generate(
+        teacher, None, PROMPT, SpecConfig(budget=2, depth=2, max_new_tokens=12, eos_id=NO_EOS)
+    )
     eos = free.tokens[5]
     spec = SpecConfig(budget=6, depth=3, max_new_tokens=12, eos_id=eos)
     drafter = NGramDrafter(depth=3, budget=6, max_ngram=2)
@@ -115,32 +125,43 @@ def test_eos_cut_keeps_emitted_sum(teacher, tmp_path):
 def test_predicted_verify_time_with_calibration(teacher, tmp_path):
     spec = SpecConfig(budget=4, depth=2, max_new_tokens=5, eos_id=NO_EOS)
     roofline = budget_lib.Roofline.for_llama(CFG, peak_flops=1e9, bandwidth=1e9)
-    calib = budget_lib.Calibration(a_c=jnp.float32(1.0), b_c=jnp.float32(0.0),
-                                   a_m=jnp.float32(2.0), b_m=jnp.float32(1e-3))
+    calib = budget_lib.Calibration(
+        a_c=jnp.float32(1.0), b_c=jnp.float32(0.0), a_m=jnp.float32(2.0), b_m=jnp.float32(1e-3)
+    )
     path = tmp_path / "p.jsonl"
     drafter = NGramDrafter(depth=2, budget=4)
-    trace.generate_traced(teacher, drafter, PROMPT, spec, trace_path=path, roofline=roofline,
-                          calibration=calib)
+    trace.generate_traced(
+        teacher, drafter, PROMPT, spec, trace_path=path, roofline=roofline, calibration=calib
+    )
     for record in trace.read_trace(path):
-        want = float(budget_lib.latency(roofline, calib, record["verified_slots"],
-                                        record["committed_len"]))
+        want = float(
+            budget_lib.latency(roofline, calib, record["verified_slots"], record["committed_len"])
+        )
         assert record["predicted_verify_s"] == pytest.approx(want)
     with pytest.raises(ValueError, match="both roofline and calibration"):
-        trace.generate_traced(teacher, drafter, PROMPT, spec, trace_path=path,
-                              roofline=roofline)
+        trace.generate_traced(teacher, drafter, PROMPT, spec, trace_path=path, roofline=roofline)
 
 
 def test_summarize_by_hand(tmp_path):
     def record(i, accepted, emitted, verify):
         seconds = {p: 0.001 for p in trace.PHASES} | {"verify": verify}
-        return {"round": i, "committed_len": 10 + i, "tree_nodes": 4, "tree_depth": 2,
-                "verified_slots": 5,
-                "budget": 4, "accepted": accepted, "emitted": emitted, "seconds": seconds,
-                "predicted_verify_s": None}
+        return {
+            "round": i,
+            "committed_len": 10 + i,
+            "tree_nodes": 4,
+            "tree_depth": 2,
+            "verified_slots": 5,
+            "budget": 4,
+            "accepted": accepted,
+            "emitted": emitted,
+            "seconds": seconds,
+            "predicted_verify_s": None,
+        }
 
     path = tmp_path / "h.jsonl"
-    trace.write_jsonl_atomic(path, [record(0, 2, 3, 0.5), record(1, 0, 1, 0.25),
-                                    record(2, 2, 2, 0.25)])
+    trace.write_jsonl_atomic(
+        path, [record(0, 2, 3, 0.5), record(1, 0, 1, 0.25), record(2, 2, 2, 0.25)]
+    )
     summary = trace.summarize(path)
     assert summary.rounds == 3 and summary.new_tokens == 6
     assert summary.accepted_length == 2.0
@@ -165,5 +186,4 @@ def test_read_trace_names_the_bad_line(tmp_path):
 def test_missing_trace_folder_fails_before_work(teacher, tmp_path):
     spec = SpecConfig(budget=4, depth=2, max_new_tokens=5)
     with pytest.raises(ValueError, match="folder does not exist"):
-        trace.generate_traced(teacher, None, PROMPT, spec,
-                              trace_path=tmp_path / "nope" / "t.jsonl")
+        trace.generate_traced(teacher, None, PROMPT, spec, trace_path=tmp_path / "nope" / "t.jsonl")

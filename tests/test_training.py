@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
 from eaglepangu_jax.drafters import eagle3
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
 from eaglepangu_jax.engine.decode import Teacher
@@ -15,7 +16,6 @@ from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 from eaglepangu_jax.training import data as data_lib
 from eaglepangu_jax.training import prompts as prompts_lib
-from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
 from eaglepangu_jax.training import train as train_lib
 
 FP = "f" * 64
@@ -37,8 +37,9 @@ def test_prompts_are_deterministic_and_mixed():
     assert prompts_lib.training_prompts(300)[:30] == a  # a prefix of a longer set
 
 
-def test_pipeline_skips_present_shards_and_regenerates_corrupt_ones(tiny_teacher, tmp_path,
-                                                                     monkeypatch):
+def test_pipeline_skips_present_shards_and_regenerates_corrupt_ones(
+    tiny_teacher, tmp_path, monkeypatch
+):
     calls = []
     real = data_lib.generate_batch
 
@@ -49,16 +50,21 @@ def test_pipeline_skips_present_shards_and_regenerates_corrupt_ones(tiny_teacher
     monkeypatch.setattr(data_lib, "generate_batch", counting)
     prompts = [[1, 5, 6], [1, 7], [1, 9, 10, 11]]
     settings = data_lib.DataSettings(feature_layers=(0, 2), max_new_tokens=3, shard_size=2)
-    keys = data_lib.build_dataset(tiny_teacher, prompts, settings, tmp_path, fingerprint=FP,
-                                  progress=False)
+    keys = data_lib.build_dataset(
+        tiny_teacher, prompts, settings, tmp_path, fingerprint=FP, progress=False
+    )
     assert len(keys) == 2 and len(calls) == 2
     shard = data_lib.load_dataset(tmp_path, keys)[0]
     seqs = list(shard.sequences())
     assert [int(t) for t in seqs[0][0][:3]] == [1, 5, 6] and seqs[0][2] == 3
     assert seqs[0][1].shape == (len(seqs[0][0]), 2, tiny_teacher.config.hidden_size)
 
-    assert data_lib.build_dataset(tiny_teacher, prompts, settings, tmp_path, fingerprint=FP,
-                                  progress=False) == keys
+    assert (
+        data_lib.build_dataset(
+            tiny_teacher, prompts, settings, tmp_path, fingerprint=FP, progress=False
+        )
+        == keys
+    )
     assert len(calls) == 2  # everything cached
 
     path = tmp_path / f"{keys[1]}.safetensors"
@@ -66,8 +72,9 @@ def test_pipeline_skips_present_shards_and_regenerates_corrupt_ones(tiny_teacher
     raw[-5] ^= 0xFF
     path.write_bytes(bytes(raw))
     assert data_lib.load_shard(tmp_path, keys[1]) is None
-    data_lib.build_dataset(tiny_teacher, prompts, settings, tmp_path, fingerprint=FP,
-                           progress=False)
+    data_lib.build_dataset(
+        tiny_teacher, prompts, settings, tmp_path, fingerprint=FP, progress=False
+    )
     assert len(calls) == 3  # only the corrupt shard was redone
     assert data_lib.load_shard(tmp_path, keys[1]) is not None
     # Another teacher or other settings address other shards.
@@ -84,10 +91,14 @@ def _fake_setup(seed=0):
     for _ in range(2):
         lens = [12, 9, 15]
         toks = rng.integers(3, 20, size=sum(lens)).astype(np.int32)
-        shards.append(data_lib.Shard(
-            tokens=toks, offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
-            prompt_lens=np.asarray([3, 2, 4], np.int32),
-            features=rng.normal(size=(sum(lens), f, h)).astype(np.float16)))
+        shards.append(
+            data_lib.Shard(
+                tokens=toks,
+                offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+                prompt_lens=np.asarray([3, 2, 4], np.int32),
+                features=rng.normal(size=(sum(lens), f, h)).astype(np.float16),
+            )
+        )
     vocab = build_vocab(token_counts((s.tokens for s in shards), cfg.vocab_size), 16)
     head_cfg = eagle3.Eagle3Config.for_teacher(cfg, 16)
     batches = train_lib.make_batches(shards, vocab, 16)
@@ -97,20 +108,29 @@ def _fake_setup(seed=0):
 
 def test_training_is_deterministic_and_resumes_to_the_same_curve(tmp_path):
     head_cfg, vocab, batches, embed = _fake_setup()
-    tc = train_lib.TrainConfig(steps=4, batch_size=2, seq_len=16, ttt_steps=2,
-                               warmup_steps=1, learning_rate=1e-2, checkpoint_every=2)
+    tc = train_lib.TrainConfig(
+        steps=4,
+        batch_size=2,
+        seq_len=16,
+        ttt_steps=2,
+        warmup_steps=1,
+        learning_rate=1e-2,
+        checkpoint_every=2,
+    )
     _, a = train_lib.train(batches, head_cfg, vocab, embed, tc, fingerprint=FP, progress=False)
     _, b = train_lib.train(batches, head_cfg, vocab, embed, tc, fingerprint=FP, progress=False)
     assert a == b and all(np.isfinite(a)) and len(a) == 4
     ckpt = tmp_path / "run"
     half = dataclasses.replace(tc, steps=4, checkpoint_every=2)
     # Stop after 2 steps by training a 4-step schedule with a checkpoint, then resume it.
-    train_lib.train(batches, head_cfg, vocab, embed, half, fingerprint=FP, checkpoint=ckpt,
-                    progress=False)
+    train_lib.train(
+        batches, head_cfg, vocab, embed, half, fingerprint=FP, checkpoint=ckpt, progress=False
+    )
     meta_steps = checkpoint_lib.load_checkpoint(ckpt, fingerprint=FP)[3]["step"]
     assert meta_steps == 4
-    _, resumed = train_lib.train(batches, head_cfg, vocab, embed, half, fingerprint=FP,
-                                 checkpoint=ckpt, progress=False)
+    _, resumed = train_lib.train(
+        batches, head_cfg, vocab, embed, half, fingerprint=FP, checkpoint=ckpt, progress=False
+    )
     assert resumed == a  # nothing left to do: the stored curve is returned
 
 
@@ -118,8 +138,9 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
     head_cfg, vocab, _, _ = _fake_setup()
     head = eagle3.init_head(head_cfg, jax.random.key(3))
     path = tmp_path / "ck"
-    checkpoint_lib.save_checkpoint(path, head, head_cfg, vocab.d2t, fingerprint=FP,
-                              extra={"step": 0, "losses": []})
+    checkpoint_lib.save_checkpoint(
+        path, head, head_cfg, vocab.d2t, fingerprint=FP, extra={"step": 0, "losses": []}
+    )
     cfg2, head2, d2t, meta, _ = checkpoint_lib.load_checkpoint(path, fingerprint=FP)
     assert cfg2 == head_cfg and np.array_equal(d2t, vocab.d2t)
     for k in head:

@@ -31,8 +31,12 @@ def row(vocab, **peaks):
 @functools.cache
 def five_slot_tree():
     """root -> 1 (tok 1) -> 3 (tok 3), 1 -> 4 (tok 3, duplicate), root -> 2 (tok 2), padding 5."""
-    return T.from_parents([0, 0, 0, 1, 1, 0], tokens=[5, 1, 2, 3, 3, 0],
-                          valid=[True, True, True, True, True, False], max_depth=3)
+    return T.from_parents(
+        [0, 0, 0, 1, 1, 0],
+        tokens=[5, 1, 2, 3, 3, 0],
+        valid=[True, True, True, True, True, False],
+        max_depth=3,
+    )
 
 
 def test_literal_acceptance():
@@ -93,8 +97,14 @@ def naive_greedy(parents, valid, tokens, logits):
         target = int(np.argmax(np.where(np.isnan(r), -np.inf, r)))
         if degenerate:
             return path, target, False
-        nxt = next((c for c in range(1, len(parents))
-                    if valid[c] and parents[c] == node and tokens[c] == target), None)
+        nxt = next(
+            (
+                c
+                for c in range(1, len(parents))
+                if valid[c] and parents[c] == node and tokens[c] == target
+            ),
+            None,
+        )
         if nxt is None:
             return path, target, True
         node = nxt
@@ -132,8 +142,7 @@ def trees_and_logits(draw):
         logits[i, :vocab] = [draw(values) for _ in range(vocab)]
         if draw(st.integers(0, 9)) == 0:  # occasionally a broken row
             logits[i, draw(st.integers(0, vocab - 1))] = draw(st.sampled_from([np.nan, np.inf]))
-    return (np.asarray(parents, np.int32), np.asarray(valid), np.asarray(tokens, np.int32),
-            logits)
+    return (np.asarray(parents, np.int32), np.asarray(valid), np.asarray(tokens, np.int32), logits)
 
 
 @given(trees_and_logits())
@@ -167,14 +176,15 @@ def test_chain_equals_plain_argmax_decoding():
         truth = [start]
         for _ in range(n):
             truth.append(int(np.argmax(table[truth[-1]])))
-        draft = [start] + [t if rng.random() < 0.75 else int(rng.integers(vocab))
-                           for t in truth[1:n]]
+        draft = [start] + [
+            t if rng.random() < 0.75 else int(rng.integers(vocab)) for t in truth[1:n]
+        ]
         acc = verify_chain(np.asarray(draft, np.int32), table[np.asarray(draft)])
         correct = 0
         while correct < n - 1 and draft[correct + 1] == truth[correct + 1]:
             correct += 1
         assert int(acc.length) == correct
-        assert V.emitted_tokens(acc).tolist() == truth[1:correct + 2]
+        assert V.emitted_tokens(acc).tolist() == truth[1 : correct + 2]
 
 
 # ------------------------------------------------------------------------------------------
@@ -182,8 +192,10 @@ def test_chain_equals_plain_argmax_decoding():
 # ------------------------------------------------------------------------------------------
 
 
-build_tree = jax.jit(lambda p, tok, val, max_depth: T.from_parents(
-    p, tokens=tok, valid=val, max_depth=max_depth), static_argnames="max_depth")
+build_tree = jax.jit(
+    lambda p, tok, val, max_depth: T.from_parents(p, tokens=tok, valid=val, max_depth=max_depth),
+    static_argnames="max_depth",
+)
 
 
 def random_batch(seed, batch=6, n=9, vocab=4, max_depth=4):
@@ -197,8 +209,14 @@ def random_batch(seed, batch=6, n=9, vocab=4, max_depth=4):
             valid.append(valid[parents[i]] and rng.random() < 0.85)
         tokens = rng.integers(0, vocab, size=n)
         with mock.patch.dict(os.environ, PERFORMANCE):
-            trees.append(build_tree(np.asarray(parents, np.int32), tokens.astype(np.int32),
-                                    np.asarray(valid), max_depth=max_depth))
+            trees.append(
+                build_tree(
+                    np.asarray(parents, np.int32),
+                    tokens.astype(np.int32),
+                    np.asarray(valid),
+                    max_depth=max_depth,
+                )
+            )
         logits.append(rng.normal(size=(n, vocab)).astype(np.float32))
     return trees, np.stack(logits)
 
@@ -287,9 +305,11 @@ def test_invalid_tree_raises_in_reference_mode(reference_mode):
 def test_hostile_tree_stays_in_range(performance_mode):
     t = five_slot_tree()
     hostile = dataclasses.replace(
-        t, parents=jnp.asarray([7, -3, 99, 1, 2**30, -1], jnp.int32),
+        t,
+        parents=jnp.asarray([7, -3, 99, 1, 2**30, -1], jnp.int32),
         ancestors=jnp.full((6, 4), -5, jnp.int32).at[1].set(1000),
-        depth=jnp.asarray([0, 9, -2, 1, 1, 3], jnp.int32))
+        depth=jnp.asarray([0, 9, -2, 1, 1, 3], jnp.int32),
+    )
     rng = np.random.default_rng(3)
     fn = jax.jit(lambda tree, logits: V.greedy(tree, logits))  # fresh trace in this mode
     for _ in range(5):
@@ -306,7 +326,8 @@ def test_bad_shapes_raise():
         V.greedy(t, np.zeros((6,), np.float32))
     with pytest.raises(ValueError, match="floating"):
         V.greedy(t, np.zeros((6, 6), np.int32))
-    acc = jax.vmap(V.greedy)(jax.tree.map(lambda x: jnp.stack([x, x]), t),
-                             np.zeros((2, 6, 6), np.float32))
+    acc = jax.vmap(V.greedy)(
+        jax.tree.map(lambda x: jnp.stack([x, x]), t), np.zeros((2, 6, 6), np.float32)
+    )
     with pytest.raises(ValueError, match="unbatched"):
         V.emitted_tokens(acc)

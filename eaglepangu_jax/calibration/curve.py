@@ -19,12 +19,24 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from eaglepangu_jax import budget as budget_lib
+from eaglepangu_jax.calibration.fit import predict
+from eaglepangu_jax.calibration.store import (
+    FIT_KEYS,
+    MACHINE_KEYS,
+    CalibrationFileError,
+    MachineCalibration,
+    default_path,
+    describe_config,
+    describe_machine,
+    load_calibration,
+    same_machine,
+    teacher_fingerprint,
+    timestamp,
+)
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine import step
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.methods import registry as methods_lib
-from eaglepangu_jax.calibration.fit import predict
-from eaglepangu_jax.calibration.store import CalibrationFileError, MachineCalibration, FIT_KEYS, MACHINE_KEYS, describe_config, timestamp, default_path, describe_machine, load_calibration, same_machine, teacher_fingerprint
 from eaglepangu_jax.models.config import LlamaConfig
 
 log = logging.getLogger(__name__)
@@ -35,9 +47,15 @@ _WARNED: set[str] = set()  # drafters already reported as lacking a drafting cos
 # ----------------------------------------------------------------------------- the curve
 
 
-def verify_latency_curve(calibration: MachineCalibration, config: LlamaConfig, context: int,
-                         budget: int, *, drafter: str | None = None,
-                         bucketed: bool = True) -> Float[Array, "N+1"]:
+def verify_latency_curve(
+    calibration: MachineCalibration,
+    config: LlamaConfig,
+    context: int,
+    budget: int,
+    *,
+    drafter: str | None = None,
+    bucketed: bool = True,
+) -> Float[Array, " N+1"]:
     """The ``verify_latency`` argument of the ``"auto"`` policy, overheads folded in.
 
     Entry ``n`` is the predicted seconds of a round verifying the root plus ``n`` nodes:
@@ -64,13 +82,17 @@ def verify_latency_curve(calibration: MachineCalibration, config: LlamaConfig, c
     if budget < 1 or context < 0:
         raise ValueError(f"budget must be >= 1 and context >= 0, got {budget} and {context}")
     if calibration.teacher != teacher_fingerprint(config, calibration.dtype):
-        raise ValueError("the calibration was measured for another teacher: "
-                         f"{describe_config(calibration.teacher_config, calibration.dtype)}")
+        raise ValueError(
+            "the calibration was measured for another teacher: "
+            f"{describe_config(calibration.teacher_config, calibration.dtype)}"
+        )
     t_draft = 0.0
     if drafter is not None:
         if drafter not in calibration.t_draft:
-            raise ValueError(f"drafter {drafter!r} was not calibrated; calibrated: "
-                             f"{sorted(calibration.t_draft) or 'none'}")
+            raise ValueError(
+                f"drafter {drafter!r} was not calibrated; calibrated: "
+                f"{sorted(calibration.t_draft) or 'none'}"
+            )
         t_draft = calibration.t_draft[drafter]
     slots = np.arange(1, budget + 2)
     if bucketed:
@@ -86,16 +108,28 @@ def uncalibrated(config: LlamaConfig, dtype: str = "float32") -> MachineCalibrat
     """The roofline at this machine class's nominal peaks, no overheads: the fallback."""
     ideal = budget_lib.Calibration.ideal()
     return MachineCalibration(
-        teacher=teacher_fingerprint(config, dtype), teacher_config=dataclasses.asdict(config),
-        dtype=dtype, machine=describe_machine(), date=timestamp(),
-        peak_flops=methods_lib.CPU_PEAK_FLOPS, bandwidth=methods_lib.CPU_BANDWIDTH,
+        teacher=teacher_fingerprint(config, dtype),
+        teacher_config=dataclasses.asdict(config),
+        dtype=dtype,
+        machine=describe_machine(),
+        date=timestamp(),
+        peak_flops=methods_lib.CPU_PEAK_FLOPS,
+        bandwidth=methods_lib.CPU_BANDWIDTH,
         bytes_per_param=float(np.dtype(dtype).itemsize),
-        **{k: float(getattr(ideal, k)) for k in FIT_KEYS})
+        **{k: float(getattr(ideal, k)) for k in FIT_KEYS},
+    )
 
 
-def curve_for(config: LlamaConfig, spec: SpecConfig, context: int,
-              drafter_name: str | None = None, *, path: str | os.PathLike | None = None,
-              dtype: str = "float32", bucketed: bool = True) -> Float[Array, "N+1"]:
+def curve_for(
+    config: LlamaConfig,
+    spec: SpecConfig,
+    context: int,
+    drafter_name: str | None = None,
+    *,
+    path: str | os.PathLike | None = None,
+    dtype: str = "float32",
+    bucketed: bool = True,
+) -> Float[Array, " N+1"]:
     """The ``[spec.budget + 1]`` verify-latency curve for a run, from the saved calibration.
 
     Uses the calibration at ``path`` (default: :func:`default_path`) when it exists, is
@@ -112,24 +146,27 @@ def curve_for(config: LlamaConfig, spec: SpecConfig, context: int,
     except (OSError, CalibrationFileError) as err:
         log.warning("%s: using the uncalibrated roofline", err)
     if calibration is not None and not same_machine(calibration):
-        log.warning("calibration %s was measured on another machine (%s): using the "
-                    "uncalibrated roofline", target,
-                    ", ".join(str(calibration.machine.get(k)) for k in MACHINE_KEYS))
+        log.warning(
+            "calibration %s was measured on another machine (%s): using the uncalibrated roofline",
+            target,
+            ", ".join(str(calibration.machine.get(k)) for k in MACHINE_KEYS),
+        )
         calibration = None
     if calibration is None:
         calibration = uncalibrated(config, dtype)
     if drafter_name is not None and drafter_name not in calibration.t_draft:
         if calibration.samples and drafter_name not in _WARNED:
             _WARNED.add(drafter_name)  # once per process: this runs for every generation
-            log.warning("drafter %r has no calibrated drafting cost: counting none",
-                        drafter_name)
+            log.warning("drafter %r has no calibrated drafting cost: counting none", drafter_name)
         drafter_name = None
-    return verify_latency_curve(calibration, config, context, spec.budget,
-                                drafter=drafter_name, bucketed=bucketed)
+    return verify_latency_curve(
+        calibration, config, context, spec.budget, drafter=drafter_name, bucketed=bucketed
+    )
 
 
-def auto_verify_latency(config: LlamaConfig, spec: SpecConfig, context: int,
-                        drafter_name: str | None = None) -> Any:
+def auto_verify_latency(
+    config: LlamaConfig, spec: SpecConfig, context: int, drafter_name: str | None = None
+) -> Any:
     """The verify-latency curve the ``"auto"`` policy needs (``None`` for other policies):
     this machine's saved calibration (``eaglepangu calibrate``) at ``context`` cached tokens,
     with ``drafter_name``'s drafting cost folded in; the uncalibrated roofline of this machine
@@ -142,5 +179,4 @@ def auto_verify_latency(config: LlamaConfig, spec: SpecConfig, context: int,
 
 def method_verify_latency(config: LlamaConfig, method: methods_lib.Method, context: int) -> Any:
     """:func:`auto_verify_latency` for ``method`` (its drafter's cost included)."""
-    return auto_verify_latency(config, method.spec, context,
-                               getattr(method.drafter, "name", None))
+    return auto_verify_latency(config, method.spec, context, getattr(method.drafter, "name", None))

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from eaglepangu_jax import budget as budget_lib
-from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.calibration.store import MachineCalibration, Sample
+from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.models.config import LlamaConfig
 
 log = logging.getLogger(__name__)
@@ -34,15 +34,15 @@ def attended_context(slots: Any, window: Any) -> Any:
     return np.maximum(np.asarray(window) - np.asarray(slots), 0)
 
 
-def fit_samples(samples: Sequence[Sample], roofline: budget_lib.Roofline
-                ) -> budget_lib.Calibration:
+def fit_samples(samples: Sequence[Sample], roofline: budget_lib.Roofline) -> budget_lib.Calibration:
     """Fit the roofline's ``a_c, b_c, a_m, b_m`` to measured samples (window context)."""
     rows = [(x.slots, float(attended_context(x.slots, x.window)), x.seconds) for x in samples]
     return budget_lib.calibrate(roofline, rows)
 
 
-def _points(config: LlamaConfig, slots: Any, context: Any, window: Any
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _points(
+    config: LlamaConfig, slots: Any, context: Any, window: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``slots``, ``context`` and ``window`` broadcast together as int64 arrays; a missing
     window is the engine's for ``context + slots``."""
     s, c = np.broadcast_arrays(np.asarray(slots, np.int64), np.asarray(context, np.int64))
@@ -51,8 +51,13 @@ def _points(config: LlamaConfig, slots: Any, context: Any, window: Any
     return s, c, np.broadcast_to(np.asarray(window, np.int64), s.shape)
 
 
-def roofline_prediction(calibration: MachineCalibration, config: LlamaConfig, slots: Any,
-                        context: Any, window: Any = None) -> np.ndarray:
+def roofline_prediction(
+    calibration: MachineCalibration,
+    config: LlamaConfig,
+    slots: Any,
+    context: Any,
+    window: Any = None,
+) -> np.ndarray:
     """The fitted roofline's seconds for the verify forward (no overheads, no correction).
 
     Args:
@@ -62,8 +67,12 @@ def roofline_prediction(calibration: MachineCalibration, config: LlamaConfig, sl
     """
     s, _, window = _points(config, slots, context, window)
     c_eff = attended_context(s, window)
-    out = budget_lib.latency(calibration.roofline(config), calibration.coefficients,
-                             jnp.asarray(s, jnp.float32), jnp.asarray(c_eff, jnp.float32))
+    out = budget_lib.latency(
+        calibration.roofline(config),
+        calibration.coefficients,
+        jnp.asarray(s, jnp.float32),
+        jnp.asarray(c_eff, jnp.float32),
+    )
     return np.asarray(out, np.float64)
 
 
@@ -73,13 +82,22 @@ def _measured_table(calibration: MachineCalibration) -> dict[int, tuple[np.ndarr
     for x in calibration.samples:
         if x.seconds > 0:
             table.setdefault(int(x.window), {})[int(x.slots)] = float(x.seconds)
-    return {w: (np.asarray(sorted(row), np.float64),
-                np.asarray([row[k] for k in sorted(row)], np.float64))
-            for w, row in sorted(table.items())}
+    return {
+        w: (
+            np.asarray(sorted(row), np.float64),
+            np.asarray([row[k] for k in sorted(row)], np.float64),
+        )
+        for w, row in sorted(table.items())
+    }
 
 
-def _at_window(calibration: MachineCalibration, config: LlamaConfig, s: float, w: int,
-               row: tuple[np.ndarray, np.ndarray]) -> float:
+def _at_window(
+    calibration: MachineCalibration,
+    config: LlamaConfig,
+    s: float,
+    w: int,
+    row: tuple[np.ndarray, np.ndarray],
+) -> float:
     """Seconds at ``s`` slots in a measured window: linear between measured slot counts, the
     roofline's relative change beyond them."""
     known, seconds = row
@@ -87,13 +105,19 @@ def _at_window(calibration: MachineCalibration, config: LlamaConfig, s: float, w
         return float(np.interp(s, known, seconds))
     ref = known[0] if s < known[0] else known[-1]
     at_ref = seconds[0] if s < known[0] else seconds[-1]
-    scale = (roofline_prediction(calibration, config, s, 0, window=w)
-             / roofline_prediction(calibration, config, ref, 0, window=w))
+    scale = roofline_prediction(calibration, config, s, 0, window=w) / roofline_prediction(
+        calibration, config, ref, 0, window=w
+    )
     return float(at_ref * scale)
 
 
-def predict(calibration: MachineCalibration, config: LlamaConfig, slots: Any, context: Any,
-            window: Any = None) -> np.ndarray:
+def predict(
+    calibration: MachineCalibration,
+    config: LlamaConfig,
+    slots: Any,
+    context: Any,
+    window: Any = None,
+) -> np.ndarray:
     """Predicted seconds of the verify forward alone (no overheads), as float64 numpy.
 
     The two-line roofline alone cannot follow a small model on a CPU (measured: one token
@@ -117,18 +141,16 @@ def predict(calibration: MachineCalibration, config: LlamaConfig, slots: Any, co
         si, wi = float(s[index]), int(w[index])
         lo = windows[windows <= wi].max() if np.any(windows <= wi) else windows[0]
         hi = windows[windows >= wi].min() if np.any(windows >= wi) else windows[-1]
-        at = {int(x): _at_window(calibration, config, si, int(x), table[int(x)])
-              for x in {lo, hi}}
+        at = {int(x): _at_window(calibration, config, si, int(x), table[int(x)]) for x in {lo, hi}}
         if lo == hi:
             value = at[int(lo)]
             if wi != int(lo):  # outside the measured windows: the roofline's relative change
-                value *= float(roofline_prediction(calibration, config, si, 0, window=wi)
-                               / roofline_prediction(calibration, config, si, 0,
-                                                     window=int(lo)))
+                value *= float(
+                    roofline_prediction(calibration, config, si, 0, window=wi)
+                    / roofline_prediction(calibration, config, si, 0, window=int(lo))
+                )
         else:
             frac = (np.log(wi) - np.log(lo)) / (np.log(hi) - np.log(lo))
             value = (1 - frac) * at[int(lo)] + frac * at[int(hi)]
         out[index] = value
     return out
-
-

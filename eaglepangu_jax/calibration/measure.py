@@ -28,13 +28,21 @@ from jaxtyping import Array
 from eaglepangu_jax import budget as budget_lib
 from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import tree as tree_lib
+from eaglepangu_jax.calibration.fit import engine_window, fit_samples
+from eaglepangu_jax.calibration.store import (
+    FIT_KEYS,
+    MachineCalibration,
+    Sample,
+    describe_machine,
+    dtype_name,
+    teacher_fingerprint,
+    timestamp,
+)
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine import step
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.engine.drafter import Proposal
-from eaglepangu_jax.calibration.fit import engine_window, fit_samples
-from eaglepangu_jax.calibration.store import MachineCalibration, Sample, FIT_KEYS, dtype_name, timestamp, describe_machine, teacher_fingerprint
+from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.models.config import LlamaConfig
 
 log = logging.getLogger(__name__)
@@ -73,9 +81,9 @@ def probe_tree(num_slots: int, depth: int) -> tree_lib.Tree:
     i = np.arange(num_slots)
     parents = np.where((i - 1) % depth == 0, 0, i - 1)
     parents[0] = 0
-    return tree_lib.from_parents(jnp.asarray(parents, jnp.int32),
-                                 tokens=jnp.asarray(3 + i % 17, jnp.int32),
-                                 max_depth=depth)
+    return tree_lib.from_parents(
+        jnp.asarray(parents, jnp.int32), tokens=jnp.asarray(3 + i % 17, jnp.int32), max_depth=depth
+    )
 
 
 def _probe_prompt(length: int, vocab: int) -> list[int]:
@@ -84,8 +92,14 @@ def _probe_prompt(length: int, vocab: int) -> list[int]:
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
-def _engine_verify(static: step.StepStatic, params: dict, state: Any,
-                   cache: cache_lib.KVCache, tree: tree_lib.Tree, key: Array):
+def _engine_verify(
+    static: step.StepStatic,
+    params: dict,
+    state: Any,
+    cache: cache_lib.KVCache,
+    tree: tree_lib.Tree,
+    key: Array,
+):
     # The cache is donated and threaded back, as in the engine's loop: without donation the
     # K/V write would copy the whole cache every call.
     state = dataclasses.replace(state, cache=cache)
@@ -101,14 +115,19 @@ class _VerifyTimer:
         self.teacher = teacher
         cfg = teacher.config
         self.dtype = teacher.params["embed"].dtype
-        placeholder = cache_lib.init(cfg.num_layers, 1, cfg.num_kv_heads, cfg.head_dim,
-                                     self.dtype)
+        placeholder = cache_lib.init(cfg.num_layers, 1, cfg.num_kv_heads, cfg.head_dim, self.dtype)
         # verify_and_accept reads only the cache from the state; the rest is a valid shell.
         self.state = gen.state_after_prefill(
-            np.asarray(_probe_prompt(2, cfg.vocab_size), np.int32), placeholder,
+            np.asarray(_probe_prompt(2, cfg.vocab_size), np.int32),
+            placeholder,
             jnp.zeros((_PROBE_SPEC.depth + 1, 0, cfg.hidden_size), self.dtype),
-            jnp.zeros((0, 0, cfg.hidden_size), self.dtype), None, None, _PROBE_SPEC,
-            capacity=1, key=jax.random.key(0))
+            jnp.zeros((0, 0, cfg.hidden_size), self.dtype),
+            None,
+            None,
+            _PROBE_SPEC,
+            capacity=1,
+            key=jax.random.key(0),
+        )
         self.buffers: dict[int, cache_lib.KVCache] = {}
         self.points: dict[tuple[int, int, int], tuple[step.StepStatic, tree_lib.Tree]] = {}
 
@@ -116,10 +135,17 @@ class _VerifyTimer:
         """Register a point and run it once (compiles); returns its key."""
         cfg = self.teacher.config
         if window not in self.buffers:
-            self.buffers[window] = cache_lib.init(cfg.num_layers, window, cfg.num_kv_heads,
-                                                  cfg.head_dim, self.dtype)
-        static = step.StepStatic(teacher=cfg, drafter=None, spec=_PROBE_SPEC, window=window,
-                                 eos_id=cfg.eos_id, bucketed=False)
+            self.buffers[window] = cache_lib.init(
+                cfg.num_layers, window, cfg.num_kv_heads, cfg.head_dim, self.dtype
+            )
+        static = step.StepStatic(
+            teacher=cfg,
+            drafter=None,
+            spec=_PROBE_SPEC,
+            window=window,
+            eos_id=cfg.eos_id,
+            bucketed=False,
+        )
         key = (slots, context, window)
         self.points[key] = (static, probe_tree(slots, _PROBE_SPEC.depth))
         self.time(key)
@@ -132,15 +158,22 @@ class _VerifyTimer:
         buf = self.buffers[window]
         cache = cache_lib.KVCache(k=buf.k, v=buf.v, length=jnp.int32(context))
         start = time.perf_counter()
-        out = jax.block_until_ready(_engine_verify(static, self.teacher.params, self.state,
-                                                   cache, tree, jax.random.key(0)))
+        out = jax.block_until_ready(
+            _engine_verify(static, self.teacher.params, self.state, cache, tree, jax.random.key(0))
+        )
         seconds = time.perf_counter() - start
         self.buffers[window] = out[1]
         return seconds
 
 
-def measure_grid(teacher: gen.Teacher, slots: Sequence[int], contexts: Sequence[int],
-                 repeats: int, *, bar: Any = None) -> list[Sample]:
+def measure_grid(
+    teacher: gen.Teacher,
+    slots: Sequence[int],
+    contexts: Sequence[int],
+    repeats: int,
+    *,
+    bar: Any = None,
+) -> list[Sample]:
     """Time the engine's verify forward at every (``s`` in ``slots``, ``c`` in ``contexts``).
 
     Every point compiles first (untimed); then ``repeats`` passes time each point once, in
@@ -171,20 +204,33 @@ def measure_grid(teacher: gen.Teacher, slots: Sequence[int], contexts: Sequence[
         for k in keys:
             times[k].append(timer.time(k))
             _tick(bar)
-    return [Sample(slots=s, context=c, window=w, seconds=_median(times[s, c, w]),
-                   times=tuple(times[s, c, w])) for s, c, w in keys]
+    return [
+        Sample(
+            slots=s,
+            context=c,
+            window=w,
+            seconds=_median(times[s, c, w]),
+            times=tuple(times[s, c, w]),
+        )
+        for s, c, w in keys
+    ]
 
 
-def _check_grid(config: LlamaConfig, slots: Sequence[int], contexts: Sequence[int],
-                repeats: int) -> None:
+def _check_grid(
+    config: LlamaConfig, slots: Sequence[int], contexts: Sequence[int], repeats: int
+) -> None:
     if not slots or not contexts:
         raise ValueError("the grid needs at least one slot count and one context")
     if any(s < 1 for s in slots) or any(c < 0 for c in contexts) or repeats < 1:
-        raise ValueError(f"slots must be >= 1, contexts >= 0 and repeats >= 1; got slots "
-                         f"{list(slots)}, contexts {list(contexts)}, repeats {repeats}")
+        raise ValueError(
+            f"slots must be >= 1, contexts >= 0 and repeats >= 1; got slots "
+            f"{list(slots)}, contexts {list(contexts)}, repeats {repeats}"
+        )
     if max(slots) + max(contexts) > config.max_position:
-        raise ValueError(f"{max(slots)} slots after {max(contexts)} cached tokens exceed the "
-                         f"teacher's context of {config.max_position}")
+        raise ValueError(
+            f"{max(slots)} slots after {max(contexts)} cached tokens exceed the "
+            f"teacher's context of {config.max_position}"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -201,8 +247,14 @@ class Overhead:
         return max(self.round_seconds - self.verify_seconds, 0.0)
 
 
-def measure_overhead(teacher: gen.Teacher, *, context: int, repeats: int,
-                     rounds: int = OVERHEAD_ROUNDS, bar: Any = None) -> Overhead:
+def measure_overhead(
+    teacher: gen.Teacher,
+    *,
+    context: int,
+    repeats: int,
+    rounds: int = OVERHEAD_ROUNDS,
+    bar: Any = None,
+) -> Overhead:
     """``t_other``: a plain decoding round of the engine minus its one-slot verify forward.
 
     Plain decoding goes through the same step as speculation (a root-only tree), so the
@@ -231,51 +283,73 @@ def measure_overhead(teacher: gen.Teacher, *, context: int, repeats: int,
         _tick(bar)
         verify += [timer.time(key) for _ in range(min(rounds, OVERHEAD_FORWARDS))]
         _tick(bar)
-    return Overhead(round_seconds=_median(per_round), verify_seconds=_median(verify),
-                    context=context, rounds=rounds)
+    return Overhead(
+        round_seconds=_median(per_round),
+        verify_seconds=_median(verify),
+        context=context,
+        rounds=rounds,
+    )
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _engine_draft(static: step.StepStatic, draft_params: Any, state: Any, key: Array,
-                  verify_latency: Any):
+def _engine_draft(
+    static: step.StepStatic, draft_params: Any, state: Any, key: Array, verify_latency: Any
+):
     tree, n, _ = step.propose_tree(static, draft_params, state, key, verify_latency)
     context = state.context(static.spec.draft_window)
     return tree, n, static.drafter.update(draft_params, state.drafter_state, context)
 
 
-def measure_draft(teacher: gen.Teacher, method: methods_lib.Method, *, context: int, repeats: int,
-                  bar: Any = None) -> float:
+def measure_draft(
+    teacher: gen.Teacher, method: methods_lib.Method, *, context: int, repeats: int, bar: Any = None
+) -> float:
     """``t_draft`` of one drafter: the engine's proposal, tree shaping and drafter update
     after ``context`` committed tokens; median of ``repeats`` runs, compilation excluded."""
     spec = method.spec
     prompt = _probe_prompt(context + 1, teacher.config.vocab_size)
     gen.validate(teacher, method.drafter, prompt, spec)
     capacity = gen.cache_slots(len(prompt), spec, teacher.config.max_position)
-    state = gen.init_state(teacher, method.drafter, method.draft_params, prompt, spec,
-                           capacity=capacity, key=jax.random.key(0))
-    static = step.StepStatic(teacher=teacher.config, drafter=method.drafter, spec=spec,
-                             window=gen.window_for(context + spec.budget + 1, capacity),
-                             eos_id=-1)
+    state = gen.init_state(
+        teacher,
+        method.drafter,
+        method.draft_params,
+        prompt,
+        spec,
+        capacity=capacity,
+        key=jax.random.key(0),
+    )
+    static = step.StepStatic(
+        teacher=teacher.config,
+        drafter=method.drafter,
+        spec=spec,
+        window=gen.window_for(context + spec.budget + 1, capacity),
+        eos_id=-1,
+    )
     latency = jnp.zeros((spec.budget + 1,), jnp.float32) if spec.policy == "auto" else None
     _phase(bar, f"timing drafter {method.name}")
     times = []
     for i in range(repeats + 1):
         start = time.perf_counter()
-        jax.block_until_ready(_engine_draft(static, method.draft_params, state,
-                                            jax.random.key(i), latency))
+        jax.block_until_ready(
+            _engine_draft(static, method.draft_params, state, jax.random.key(i), latency)
+        )
         if i:  # the first call compiles
             times.append(time.perf_counter() - start)
         _tick(bar)
     return _median(times)
 
 
-def calibrate_teacher(teacher: gen.Teacher, *, slots: Sequence[int] = DEFAULT_SLOTS,
-                      contexts: Sequence[int] = DEFAULT_CONTEXTS,
-                      repeats: int = DEFAULT_REPEATS,
-                      drafters: Mapping[str, methods_lib.Method] | None = None,
-                      peak_flops: float = methods_lib.CPU_PEAK_FLOPS,
-                      bandwidth: float = methods_lib.CPU_BANDWIDTH,
-                      bar: Any = None) -> MachineCalibration:
+def calibrate_teacher(
+    teacher: gen.Teacher,
+    *,
+    slots: Sequence[int] = DEFAULT_SLOTS,
+    contexts: Sequence[int] = DEFAULT_CONTEXTS,
+    repeats: int = DEFAULT_REPEATS,
+    drafters: Mapping[str, methods_lib.Method] | None = None,
+    peak_flops: float = methods_lib.CPU_PEAK_FLOPS,
+    bandwidth: float = methods_lib.CPU_BANDWIDTH,
+    bar: Any = None,
+) -> MachineCalibration:
     """Measure the grid, the round overhead and each drafter's cost; fit the roofline.
 
     Args:
@@ -293,36 +367,60 @@ def calibrate_teacher(teacher: gen.Teacher, *, slots: Sequence[int] = DEFAULT_SL
     dtype = dtype_name(teacher)
     samples = measure_grid(teacher, slots, contexts, repeats, bar=bar)
     overhead_context = min(contexts)
-    overhead = measure_overhead(teacher, context=overhead_context, repeats=repeats,
-                                rounds=_overhead_rounds(cfg, overhead_context), bar=bar)
-    t_draft = {name: measure_draft(teacher, m, context=overhead_context, repeats=repeats,
-                                   bar=bar) for name, m in drafters.items()}
-    roofline = budget_lib.Roofline.for_llama(cfg, peak_flops=peak_flops, bandwidth=bandwidth,
-                                             bytes_per_param=np.dtype(dtype).itemsize)
+    overhead = measure_overhead(
+        teacher,
+        context=overhead_context,
+        repeats=repeats,
+        rounds=_overhead_rounds(cfg, overhead_context),
+        bar=bar,
+    )
+    t_draft = {
+        name: measure_draft(teacher, m, context=overhead_context, repeats=repeats, bar=bar)
+        for name, m in drafters.items()
+    }
+    roofline = budget_lib.Roofline.for_llama(
+        cfg, peak_flops=peak_flops, bandwidth=bandwidth, bytes_per_param=np.dtype(dtype).itemsize
+    )
     fit = fit_samples(samples, roofline)
     return MachineCalibration(
-        teacher=teacher_fingerprint(cfg, dtype), teacher_config=dataclasses.asdict(cfg),
-        dtype=dtype, machine=describe_machine(), date=timestamp(), peak_flops=float(peak_flops),
-        bandwidth=float(bandwidth), bytes_per_param=float(roofline.bytes_per_param),
+        teacher=teacher_fingerprint(cfg, dtype),
+        teacher_config=dataclasses.asdict(cfg),
+        dtype=dtype,
+        machine=describe_machine(),
+        date=timestamp(),
+        peak_flops=float(peak_flops),
+        bandwidth=float(bandwidth),
+        bytes_per_param=float(roofline.bytes_per_param),
         **{k: float(getattr(fit, k)) for k in FIT_KEYS},
-        samples=tuple(samples), t_other=overhead.t_other, t_draft=t_draft,
-        details={"repeats": repeats,
-                 "overhead": dataclasses.asdict(overhead),
-                 "drafters": {name: {"context": overhead_context, "policy": m.spec.policy,
-                                     "budget": m.spec.budget, "depth": m.spec.depth}
-                              for name, m in drafters.items()}})
+        samples=tuple(samples),
+        t_other=overhead.t_other,
+        t_draft=t_draft,
+        details={
+            "repeats": repeats,
+            "overhead": dataclasses.asdict(overhead),
+            "drafters": {
+                name: {
+                    "context": overhead_context,
+                    "policy": m.spec.policy,
+                    "budget": m.spec.budget,
+                    "depth": m.spec.depth,
+                }
+                for name, m in drafters.items()
+            },
+        },
+    )
 
 
 def _overhead_rounds(config: LlamaConfig, context: int) -> int:
     """As many as :data:`OVERHEAD_ROUNDS` plain rounds as fit the teacher's context."""
-    spare = config.max_position - gen.needed_slots(context + 1, SpecConfig(
-        budget=1, depth=1, max_new_tokens=1)) + 1
+    spare = (
+        config.max_position
+        - gen.needed_slots(context + 1, SpecConfig(budget=1, depth=1, max_new_tokens=1))
+        + 1
+    )
     return max(1, min(OVERHEAD_ROUNDS, spare))
 
 
 def progress_total(num_points: int, repeats: int, num_drafters: int) -> int:
     """Progress steps of :func:`calibrate_teacher`: every compile and every timed call."""
-    return (num_points * (1 + repeats) + (1 + repeats) + (1 + repeats)
-            + num_drafters * (1 + repeats))
-
-
+    return num_points * (1 + repeats) + (1 + repeats) + (1 + repeats) + num_drafters * (1 + repeats)

@@ -107,9 +107,12 @@ class MachineCalibration:
 
     def roofline(self, config: LlamaConfig) -> budget_lib.Roofline:
         """The roofline the coefficients were fitted on, for ``config``."""
-        return budget_lib.Roofline.for_llama(config, peak_flops=self.peak_flops,
-                                             bandwidth=self.bandwidth,
-                                             bytes_per_param=self.bytes_per_param)
+        return budget_lib.Roofline.for_llama(
+            config,
+            peak_flops=self.peak_flops,
+            bandwidth=self.bandwidth,
+            bytes_per_param=self.bytes_per_param,
+        )
 
 
 def teacher_fingerprint(config: LlamaConfig, dtype: str = "float32") -> str:
@@ -118,19 +121,24 @@ def teacher_fingerprint(config: LlamaConfig, dtype: str = "float32") -> str:
     The weights' values do not change the cost, so a calibration serves any teacher of the
     same shape.
     """
-    text = json.dumps({"config": dataclasses.asdict(config), "dtype": str(dtype)},
-                      sort_keys=True)
+    text = json.dumps({"config": dataclasses.asdict(config), "dtype": str(dtype)}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def describe_machine() -> dict[str, Any]:
     """The host and accelerator a calibration belongs to."""
     device = jax.devices()[0]
-    return {"system": platform.system(), "machine": platform.machine(),
-            "processor": _cpu_model(), "cpu_count": os.cpu_count(),
-            "backend": jax.default_backend(), "device_kind": device.device_kind,
-            "device_count": jax.device_count(), "jax_version": jax.__version__,
-            "python": platform.python_version()}
+    return {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "processor": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "backend": jax.default_backend(),
+        "device_kind": device.device_kind,
+        "device_count": jax.device_count(),
+        "jax_version": jax.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def _cpu_model() -> str:
@@ -173,20 +181,28 @@ def to_json(calibration: MachineCalibration) -> dict[str, Any]:
     """The JSON document of a calibration."""
     c = calibration
     return {
-        "format": FORMAT, "version": VERSION, "date": c.date, "machine": dict(c.machine),
-        "teacher": {"fingerprint": c.teacher, "dtype": c.dtype,
-                    "config": dict(c.teacher_config)},
-        "roofline": {"peak_flops": c.peak_flops, "bandwidth": c.bandwidth,
-                     "bytes_per_param": c.bytes_per_param, "context": "attention window"},
+        "format": FORMAT,
+        "version": VERSION,
+        "date": c.date,
+        "machine": dict(c.machine),
+        "teacher": {"fingerprint": c.teacher, "dtype": c.dtype, "config": dict(c.teacher_config)},
+        "roofline": {
+            "peak_flops": c.peak_flops,
+            "bandwidth": c.bandwidth,
+            "bytes_per_param": c.bytes_per_param,
+            "context": "attention window",
+        },
         "fit": {k: getattr(c, k) for k in FIT_KEYS},
-        "t_other": c.t_other, "t_draft": dict(c.t_draft),
+        "t_other": c.t_other,
+        "t_draft": dict(c.t_draft),
         "samples": [dataclasses.asdict(x) for x in c.samples],
         "details": dict(c.details),
     }
 
 
-def save_calibration(calibration: MachineCalibration, path: str | os.PathLike | None = None
-                     ) -> Path:
+def save_calibration(
+    calibration: MachineCalibration, path: str | os.PathLike | None = None
+) -> Path:
     """Write ``calibration`` as indented JSON, atomically (default: :func:`default_path`)."""
     path = Path(path) if path is not None else default_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -194,9 +210,12 @@ def save_calibration(calibration: MachineCalibration, path: str | os.PathLike | 
     return path
 
 
-def load_calibration(path: str | os.PathLike | None = None, *,
-                     config: LlamaConfig | None = None,
-                     dtype: str = "float32") -> MachineCalibration:
+def load_calibration(
+    path: str | os.PathLike | None = None,
+    *,
+    config: LlamaConfig | None = None,
+    dtype: str = "float32",
+) -> MachineCalibration:
     """Read a calibration written by :func:`save_calibration`.
 
     Args:
@@ -213,19 +232,23 @@ def load_calibration(path: str | os.PathLike | None = None, *,
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FileNotFoundError(f"no calibration at {path}; measure one with "
-                                f"'eaglepangu calibrate'") from None
+        raise FileNotFoundError(
+            f"no calibration at {path}; measure one with 'eaglepangu calibrate'"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise CalibrationFileError(f"calibration {path} is corrupt (not JSON: {err}); "
-                                   f"measure it again with 'eaglepangu calibrate'") from None
+        raise CalibrationFileError(
+            f"calibration {path} is corrupt (not JSON: {err}); "
+            f"measure it again with 'eaglepangu calibrate'"
+        ) from None
     calibration = _from_json(data, path)
     if config is not None and calibration.teacher != teacher_fingerprint(config, dtype):
         raise CalibrationFileError(
             f"calibration {path} was measured for another teacher "
             f"({describe_config(calibration.teacher_config, calibration.dtype)}), not this "
-            f"one ({describe_config(dataclasses.asdict(config), dtype)})")
+            f"one ({describe_config(dataclasses.asdict(config), dtype)})"
+        )
     return calibration
 
 
@@ -236,15 +259,18 @@ def describe_config(fields: Mapping[str, Any], dtype: str) -> str:
 
 def _from_json(data: Any, path: Path) -> MachineCalibration:
     def bad(why: str) -> CalibrationFileError:
-        return CalibrationFileError(f"calibration {path} is corrupt: {why}; measure it again "
-                                    f"with 'eaglepangu calibrate'")
+        return CalibrationFileError(
+            f"calibration {path} is corrupt: {why}; measure it again with 'eaglepangu calibrate'"
+        )
 
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise bad(f"it is not a {FORMAT} file")
     if data.get("version") != VERSION:
-        raise CalibrationFileError(f"calibration {path} has format version "
-                                   f"{data.get('version')!r}, this code reads version "
-                                   f"{VERSION}; measure it again with 'eaglepangu calibrate'")
+        raise CalibrationFileError(
+            f"calibration {path} has format version "
+            f"{data.get('version')!r}, this code reads version "
+            f"{VERSION}; measure it again with 'eaglepangu calibrate'"
+        )
     try:
         teacher, roof, fit = data["teacher"], data["roofline"], data["fit"]
         numbers = {k: _non_negative(fit[k], k) for k in FIT_KEYS}
@@ -252,18 +278,31 @@ def _from_json(data: Any, path: Path) -> MachineCalibration:
             numbers[k] = _non_negative(roof[k], k)
             if numbers[k] == 0:
                 raise ValueError(f"{k} must be > 0")
-        samples = tuple(Sample(slots=int(x["slots"]), context=int(x["context"]),
-                               window=int(x["window"]),
-                               seconds=_non_negative(x["seconds"], "seconds"),
-                               times=tuple(_non_negative(t, "times") for t in x["times"]))
-                        for x in data["samples"])
-        t_draft = {str(k): _non_negative(v, f"t_draft[{k}]")
-                   for k, v in dict(data["t_draft"]).items()}
+        samples = tuple(
+            Sample(
+                slots=int(x["slots"]),
+                context=int(x["context"]),
+                window=int(x["window"]),
+                seconds=_non_negative(x["seconds"], "seconds"),
+                times=tuple(_non_negative(t, "times") for t in x["times"]),
+            )
+            for x in data["samples"]
+        )
+        t_draft = {
+            str(k): _non_negative(v, f"t_draft[{k}]") for k, v in dict(data["t_draft"]).items()
+        }
         return MachineCalibration(
-            teacher=str(teacher["fingerprint"]), teacher_config=dict(teacher["config"]),
-            dtype=str(teacher["dtype"]), machine=dict(data["machine"]), date=str(data["date"]),
-            samples=samples, t_other=_non_negative(data["t_other"], "t_other"),
-            t_draft=t_draft, details=dict(data.get("details", {})), **numbers)
+            teacher=str(teacher["fingerprint"]),
+            teacher_config=dict(teacher["config"]),
+            dtype=str(teacher["dtype"]),
+            machine=dict(data["machine"]),
+            date=str(data["date"]),
+            samples=samples,
+            t_other=_non_negative(data["t_other"], "t_other"),
+            t_draft=t_draft,
+            details=dict(data.get("details", {})),
+            **numbers,
+        )
     except KeyError as err:
         raise bad(f"field {err} is missing") from None
     except (TypeError, ValueError, AttributeError) as err:
@@ -276,5 +315,3 @@ def _non_negative(value: Any, name: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
     return float(value)
-
-

@@ -65,18 +65,30 @@ Run 'eaglepangu COMMAND --help' for the options of one command.
 """
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``eaglepangu`` (all sub-commands)."""
-    parser = argparse.ArgumentParser(prog="eaglepangu", description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="eaglepangu",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     cache = parser.add_mutually_exclusive_group()
-    cache.add_argument("--compile-cache", metavar="DIR", default=None,
-                       help="keep compiled XLA programs in DIR, so that later runs skip "
-                            "compilation (default: the 'xla' folder of the weights cache, "
-                            "$EAGLEPANGU_CACHE or ~/.cache/eaglepangu)")
-    cache.add_argument("--no-compile-cache", dest="compile_cache", action="store_const",
-                       const="", help="compile everything afresh, keep nothing")
+    cache.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        default=None,
+        help="keep compiled XLA programs in DIR, so that later runs skip "
+        "compilation (default: the 'xla' folder of the weights cache, "
+        "$EAGLEPANGU_CACHE or ~/.cache/eaglepangu)",
+    )
+    cache.add_argument(
+        "--no-compile-cache",
+        dest="compile_cache",
+        action="store_const",
+        const="",
+        help="compile everything afresh, keep nothing",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     g = generate_cli.add_parser(sub)
@@ -84,24 +96,32 @@ def build_parser() -> argparse.ArgumentParser:
     ts = trace_cli.add_parser(sub)
     d = bench_cli.add_demo_parser(sub)
     sub.add_parser(
-        "train-draft", formatter_class=args_lib.Formatter, add_help=False,
-        help="reproduce a shipped drafter, --kind eagle3 or block (self-distillation + "
-             "training)",
+        "train-draft",
+        formatter_class=args_lib.Formatter,
+        add_help=False,
+        help="reproduce a shipped drafter, --kind eagle3 or block (self-distillation + training)",
         description="Self-distil training data from the teacher (cached shards), build the\n"
-                    "draft vocabulary, train the head; '--help' after it lists its options.")
+        "draft vocabulary, train the head; '--help' after it lists its options.",
+    )
     c = sub.add_parser(
-        "calibrate", formatter_class=args_lib.Formatter, help="time the verify forward, fit the roofline",
+        "calibrate",
+        formatter_class=args_lib.Formatter,
+        help="time the verify forward, fit the roofline",
         description="Time the teacher's verify forward on this machine over a grid of tree\n"
-                    "sizes and contexts, the engine's per-round overhead and each drafter's\n"
-                    "cost; fit the roofline, save it (JSON) where '--policy auto' finds it,\n"
-                    "and plot measured vs predicted latency.",
-        epilog="example:\n  eaglepangu calibrate --repeats 3 --plot calibration.png")
+        "sizes and contexts, the engine's per-round overhead and each drafter's\n"
+        "cost; fit the roofline, save it (JSON) where '--policy auto' finds it,\n"
+        "and plot measured vs predicted latency.",
+        epilog="example:\n  eaglepangu calibrate --repeats 3 --plot calibration.png",
+    )
     calibrate_cli.add_arguments(c)
     c.set_defaults(command_parser=c)
     for name, (add_arguments, _) in experiments_cli.COMMANDS.items():
-        e = sub.add_parser(name, formatter_class=args_lib.Formatter,
-                           help=experiments_cli.DESCRIPTIONS[name].split(";")[0],
-                           description=experiments_cli.DESCRIPTIONS[name])
+        e = sub.add_parser(
+            name,
+            formatter_class=args_lib.Formatter,
+            help=experiments_cli.DESCRIPTIONS[name].split(";")[0],
+            description=experiments_cli.DESCRIPTIONS[name],
+        )
         add_arguments(e)
         e.set_defaults(command_parser=e)
     for command_parser in (g, b, ts, d):
@@ -109,8 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: Any = None
-         ) -> int:
+def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: Any = None) -> int:
     """Entry point of ``eaglepangu``.
 
     Args:
@@ -142,5 +161,3 @@ def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: An
     if args.command == "calibrate":
         return calibrate_cli.run(args, teacher=teacher)
     return experiments_cli.COMMANDS[args.command][1](args, teacher=teacher, renderer=renderer)
-
-

@@ -16,8 +16,22 @@ from eaglepangu_jax.engine.config import POLICIES, SpecConfig
 from eaglepangu_jax.evaluation.grids import FULL
 from eaglepangu_jax.methods.registry import DEFAULT_BUDGET, DEFAULT_DEPTH, Method, make_method
 
-__all__ = ["Formatter", "parse_counts", "parse_windows", "typed", "counts", "count",
-           "positive", "budget", "writable", "note", "depth_of", "spec_of", "method_of", "add_tree_options"]
+__all__ = [
+    "Formatter",
+    "parse_counts",
+    "parse_windows",
+    "typed",
+    "counts",
+    "count",
+    "positive",
+    "budget",
+    "writable",
+    "note",
+    "depth_of",
+    "spec_of",
+    "method_of",
+    "add_tree_options",
+]
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):
@@ -25,8 +39,11 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        hidden = action.default is None or isinstance(action.default, bool) \
+        hidden = (
+            action.default is None
+            or isinstance(action.default, bool)
             or action.default == argparse.SUPPRESS
+        )
         if action.option_strings and not hidden and "%(default)" not in text:
             text += " (default: %(default)s)"
         return text
@@ -86,11 +103,13 @@ def no_repeats(values: Sequence[Any]) -> None:
 
 def typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """An argparse ``type`` that keeps ``parse``'s ``ValueError`` message."""
+
     def convert(text: str) -> Any:
         try:
             return parse(text)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
+
     return convert
 
 
@@ -101,11 +120,13 @@ def counts(what: str, high: int | None = None) -> Callable[[str], tuple[int, ...
 
 def count(what: str, high: int | None = None) -> Callable[[str], int]:
     """An argparse ``type`` for one whole number in ``[1, high]``."""
+
     def parse(text: str) -> int:
         values = parse_counts(text, what=what, high=high)
         if len(values) != 1:
             raise ValueError(f"expected one number of {what}, got {text!r}")
         return values[0]
+
     return typed(parse)
 
 
@@ -127,8 +148,9 @@ def budget(text: str) -> int | str:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number of tree nodes, "
-                                         f"got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or a whole number of tree nodes, got {text!r}"
+        ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"budget must be >= 1 tree node, got {value}")
     return value
@@ -155,21 +177,30 @@ def depth_of(args: argparse.Namespace) -> tuple[int, bool]:
     return args.depth, False
 
 
-def spec_of(parser: argparse.ArgumentParser, args: argparse.Namespace, **extra: Any
-            ) -> SpecConfig:
+def spec_of(parser: argparse.ArgumentParser, args: argparse.Namespace, **extra: Any) -> SpecConfig:
     """The run's :class:`SpecConfig` from the tree options, or a parser error."""
     depth, _ = depth_of(args)
     nodes = DEFAULT_BUDGET if args.budget == "auto" else args.budget
     try:
-        return SpecConfig(policy=args.policy, budget=nodes, depth=depth,
-                          max_new_tokens=args.max_new_tokens, **extra)
+        return SpecConfig(
+            policy=args.policy,
+            budget=nodes,
+            depth=depth,
+            max_new_tokens=args.max_new_tokens,
+            **extra,
+        )
     except ValueError as err:
         parser.error(str(err))
     raise AssertionError("unreachable")
 
 
-def method_of(parser: argparse.ArgumentParser, name: str, spec: SpecConfig, default: bool,
-              torch_threads: int | None = None) -> Method:
+def method_of(
+    parser: argparse.ArgumentParser,
+    name: str,
+    spec: SpecConfig,
+    default: bool,
+    torch_threads: int | None = None,
+) -> Method:
     """``make_method`` with its errors turned into a parser error."""
     try:
         return make_method(name, spec, default_depth=default, torch_threads=torch_threads)
@@ -180,17 +211,36 @@ def method_of(parser: argparse.ArgumentParser, name: str, spec: SpecConfig, defa
 
 def add_tree_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
     """The options that shape a run's tree (``--max-new-tokens --budget --depth --policy``)."""
-    p.add_argument("--max-new-tokens", type=positive, default=max_new_tokens, metavar="N",
-                   help="tokens to generate per answer (fewer if the model stops)")
-    p.add_argument("--budget", type=budget, default="auto", metavar="{auto,N}",
-                   help=f"tree nodes verified per round, root excluded; 'auto' = "
-                        f"{DEFAULT_BUDGET} (with --policy auto: the ceiling under which "
-                        f"the controller chooses each round)")
-    p.add_argument("--depth", type=positive, default=None, metavar="D",
-                   help=f"deepest tree node (default: {DEFAULT_DEPTH} for ngram, the "
-                        f"shipped head's own depth for eagle3)")
-    p.add_argument("--policy", choices=POLICIES, default="drafter",
-                   help="tree shape: 'drafter' = the drafter's own tree; 'best_first' = the "
-                        "top-budget prefixes of per-depth marginals; 'auto' = best-first with "
-                        "a roofline controller choosing the node count; 'static' = a fixed "
-                        "topology")
+    p.add_argument(
+        "--max-new-tokens",
+        type=positive,
+        default=max_new_tokens,
+        metavar="N",
+        help="tokens to generate per answer (fewer if the model stops)",
+    )
+    p.add_argument(
+        "--budget",
+        type=budget,
+        default="auto",
+        metavar="{auto,N}",
+        help=f"tree nodes verified per round, root excluded; 'auto' = "
+        f"{DEFAULT_BUDGET} (with --policy auto: the ceiling under which "
+        f"the controller chooses each round)",
+    )
+    p.add_argument(
+        "--depth",
+        type=positive,
+        default=None,
+        metavar="D",
+        help=f"deepest tree node (default: {DEFAULT_DEPTH} for ngram, the "
+        f"shipped head's own depth for eagle3)",
+    )
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="drafter",
+        help="tree shape: 'drafter' = the drafter's own tree; 'best_first' = the "
+        "top-budget prefixes of per-depth marginals; 'auto' = best-first with "
+        "a roofline controller choosing the node count; 'static' = a fixed "
+        "topology",
+    )

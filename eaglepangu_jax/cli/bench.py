@@ -29,8 +29,15 @@ from eaglepangu_jax.methods.registry import (
     parse_methods,
 )
 
-__all__ = ["add_bench_parser", "add_demo_parser", "run_bench_command", "run_demo",
-           "demo_conversations", "DEMO_TURNS", "DEMO_MAX_NEW_TOKENS"]
+__all__ = [
+    "add_bench_parser",
+    "add_demo_parser",
+    "run_bench_command",
+    "run_demo",
+    "demo_conversations",
+    "DEMO_TURNS",
+    "DEMO_MAX_NEW_TOKENS",
+]
 
 DEMO_MAX_NEW_TOKENS = 96
 # Two MT-Bench openings (an editing task and a coding task) and one HumanEval problem.
@@ -40,52 +47,77 @@ DEMO_TURNS = (("mtbench", "90"), ("mtbench", "122"), ("humaneval", "HumanEval/0"
 def add_bench_parser(sub) -> argparse.ArgumentParser:
     """Add ``bench`` to the sub-command set ``sub``."""
     b = sub.add_parser(
-        "bench", formatter_class=args_lib.Formatter, help="side-by-side benchmark",
+        "bench",
+        formatter_class=args_lib.Formatter,
+        help="side-by-side benchmark",
         description="Run the methods one after another on every turn (greedy first: it is the\n"
-                    "reference), on the same teacher. Later turns of a conversation follow the\n"
-                    "greedy answers. Compilation is excluded from the timings and reported\n"
-                    "apart. Prints a summary table and writes every turn's figures to --json.",
+        "reference), on the same teacher. Later turns of a conversation follow the\n"
+        "greedy answers. Compilation is excluded from the timings and reported\n"
+        "apart. Prints a summary table and writes every turn's figures to --json.",
         epilog="prompt files are JSON Lines, one conversation per line:\n"
-               '  {"id": "q1", "turns": ["Write a poem.", "Now make it shorter."]}\n'
-               '  {"question_id": 7, "turns": ["def add(a, b):"]}\n\n'
-               "example:\n  eaglepangu bench --suite mtbench --limit 5 "
-               "--methods greedy,ngram --json mt.json")
+        '  {"id": "q1", "turns": ["Write a poem.", "Now make it shorter."]}\n'
+        '  {"question_id": 7, "turns": ["def add(a, b):"]}\n\n'
+        "example:\n  eaglepangu bench --suite mtbench --limit 5 "
+        "--methods greedy,ngram --json mt.json",
+    )
     source = b.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompts", metavar="FILE.jsonl", help="conversations to run")
     source.add_argument("--suite", choices=SUITES, help="a shipped prompt suite")
-    b.add_argument("--limit", type=args_lib.positive, default=None, metavar="N",
-                   help="run only the first N conversations")
-    b.add_argument("--per-category", type=args_lib.positive, default=None, metavar="N",
-                   help="run only the first N conversations of every category (applied "
-                        "before --limit)")
+    b.add_argument(
+        "--limit",
+        type=args_lib.positive,
+        default=None,
+        metavar="N",
+        help="run only the first N conversations",
+    )
+    b.add_argument(
+        "--per-category",
+        type=args_lib.positive,
+        default=None,
+        metavar="N",
+        help="run only the first N conversations of every category (applied before --limit)",
+    )
     args_lib.add_tree_options(b, max_new_tokens=128)
-    b.add_argument("--methods", default=None, metavar="LIST",
-                   help=f"comma-separated, from {', '.join(METHODS)}; greedy always "
-                        f"runs first (default: greedy,ngram and eagle3 if it loads)")
+    b.add_argument(
+        "--methods",
+        default=None,
+        metavar="LIST",
+        help=f"comma-separated, from {', '.join(METHODS)}; greedy always "
+        f"runs first (default: greedy,ngram and eagle3 if it loads)",
+    )
     b.add_argument("--json", metavar="OUT", required=True, help="where to write the report")
-    b.add_argument("--torch-threads", type=args_lib.positive, default=None, metavar="N",
-                   help="torch threads for the transformers-* methods (default: torch's own; "
-                        "1 is steadier on a loaded machine)")
-    b.add_argument("--plot-dir", metavar="DIR", default=None,
-                   help="also draw the speed-up per category (PNG) into DIR; needs the "
-                        "'plots' extra")
-    b.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar")
+    b.add_argument(
+        "--torch-threads",
+        type=args_lib.positive,
+        default=None,
+        metavar="N",
+        help="torch threads for the transformers-* methods (default: torch's own; "
+        "1 is steadier on a loaded machine)",
+    )
+    b.add_argument(
+        "--plot-dir",
+        metavar="DIR",
+        default=None,
+        help="also draw the speed-up per category (PNG) into DIR; needs the 'plots' extra",
+    )
+    b.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return b
 
 
 def add_demo_parser(sub) -> argparse.ArgumentParser:
     """Add ``demo`` to the sub-command set ``sub``."""
     d = sub.add_parser(
-        "demo", formatter_class=args_lib.Formatter, help="a few-minute side-by-side demo",
+        "demo",
+        formatter_class=args_lib.Formatter,
+        help="a few-minute side-by-side demo",
         description=f"Greedy vs the shipped drafter (eagle3 if available, else ngram) and\n"
-                    f"ngram on {len(DEMO_TURNS)} short turns (MT-Bench and HumanEval), "
-                    f"{DEMO_MAX_NEW_TOKENS} new tokens each.\n"
-                    f"Prints tokens/s, speed-up over greedy, accepted length and whether each\n"
-                    f"output is identical to greedy's.")
+        f"ngram on {len(DEMO_TURNS)} short turns (MT-Bench and HumanEval), "
+        f"{DEMO_MAX_NEW_TOKENS} new tokens each.\n"
+        f"Prints tokens/s, speed-up over greedy, accepted length and whether each\n"
+        f"output is identical to greedy's.",
+    )
     d.add_argument("--json", metavar="OUT", default=None, help="also write the report")
-    d.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar")
+    d.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return d
 
 
@@ -109,7 +141,9 @@ def run_bench_command(parser, args, teacher=None, renderer=None) -> int:
     args_lib.writable(parser, args.json, "report")
     conversations = _conversations(parser, args)
     _, default = args_lib.depth_of(args)
-    methods = [args_lib.method_of(parser, name, spec, default, args.torch_threads) for name in names]
+    methods = [
+        args_lib.method_of(parser, name, spec, default, args.torch_threads) for name in names
+    ]
     if args.plot_dir is not None:
         try:
             plots.require_matplotlib()
@@ -152,8 +186,9 @@ def demo_conversations() -> list[Conversation]:
 def run_demo(parser, args, teacher=None, renderer=None) -> int:
     """``eaglepangu demo``."""
     args_lib.writable(parser, args.json, "report")
-    spec = SpecConfig(budget=DEFAULT_BUDGET, depth=DEFAULT_DEPTH,
-                      max_new_tokens=DEMO_MAX_NEW_TOKENS)
+    spec = SpecConfig(
+        budget=DEFAULT_BUDGET, depth=DEFAULT_DEPTH, max_new_tokens=DEMO_MAX_NEW_TOKENS
+    )
     methods = [make_method("greedy", spec)]
     try:
         methods.append(make_method("eagle3", spec, default_depth=True))
@@ -162,8 +197,10 @@ def run_demo(parser, args, teacher=None, renderer=None) -> int:
         args_lib.note(f"shipped drafter: ngram (eagle3 unavailable: {err})")
     methods.append(make_method("ngram", spec))
     conversations = demo_conversations()
-    args_lib.note(f"loading SmolLM2-135M-Instruct; {len(conversations)} turns x {len(methods)} methods, "
-          f"{DEMO_MAX_NEW_TOKENS} new tokens each (the first run of each shape compiles)")
+    args_lib.note(
+        f"loading SmolLM2-135M-Instruct; {len(conversations)} turns x {len(methods)} methods, "
+        f"{DEMO_MAX_NEW_TOKENS} new tokens each (the first run of each shape compiles)"
+    )
     report = _run(methods, conversations, teacher, renderer, args.progress)
     if args.json:
         write_report(args.json, report)
@@ -171,5 +208,3 @@ def run_demo(parser, args, teacher=None, renderer=None) -> int:
     print()
     print(format_summary(report))
     return 0
-
-

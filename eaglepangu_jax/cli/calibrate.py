@@ -11,14 +11,14 @@ from typing import Sequence
 
 from eaglepangu_jax import runtime
 from eaglepangu_jax.calibration import measure, store
-from eaglepangu_jax.evaluation import calibration_report as report
 from eaglepangu_jax.cli import args as args_lib
 from eaglepangu_jax.drafters.registry import NAMES as DRAFTER_NAMES
 from eaglepangu_jax.drafters.registry import DrafterUnavailableError
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.decode import Teacher
-from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.evaluation import calibration_report as report
 from eaglepangu_jax.methods import registry as methods_lib
+from eaglepangu_jax.models.config import LlamaConfig
 
 __all__ = ["add_arguments", "run", "main"]
 
@@ -29,43 +29,70 @@ def _drafter_list(text: str) -> tuple[str, ...]:
         return ()
     unknown = [n for n in names if n not in DRAFTER_NAMES]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown drafter(s) {unknown}; known: "
-                                         f"{', '.join(DRAFTER_NAMES)} (or 'none')")
+        raise argparse.ArgumentTypeError(
+            f"unknown drafter(s) {unknown}; known: {', '.join(DRAFTER_NAMES)} (or 'none')"
+        )
     return names
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``eaglepangu calibrate`` to ``parser``."""
-    parser.add_argument("--slots", type=args_lib.counts("tokens"), default=",".join(map(str, measure.DEFAULT_SLOTS)),
-                        metavar="LIST",
-                        help="tokens per verify forward (root + nodes) to time, e.g. "
-                             "1,4,16,32,64")
-    parser.add_argument("--contexts", type=args_lib.counts("tokens"),
-                        default=",".join(map(str, measure.DEFAULT_CONTEXTS)),
-                        metavar="LIST", help="cached tokens to time at, e.g. 64,256,1024")
-    parser.add_argument("--repeats", type=args_lib.positive, default=measure.DEFAULT_REPEATS,
-                        metavar="N", help="timed runs per point (the median is kept)")
-    parser.add_argument("--drafters", type=_drafter_list, default=None, metavar="LIST",
-                        help=f"drafters whose drafting cost to time, from "
-                             f"{', '.join(DRAFTER_NAMES)}, or 'none' (default: those that "
-                             f"load)")
-    parser.add_argument("--out", "--json", dest="out", metavar="FILE.json", default=None,
-                        help="where to save the calibration (default: calibration.json in "
-                             "the cache folder, where 'auto' looks for it)")
-    parser.add_argument("--plot", metavar="FILE.png", default=None,
-                        help="also draw measured vs predicted latency")
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bar")
+    parser.add_argument(
+        "--slots",
+        type=args_lib.counts("tokens"),
+        default=",".join(map(str, measure.DEFAULT_SLOTS)),
+        metavar="LIST",
+        help="tokens per verify forward (root + nodes) to time, e.g. 1,4,16,32,64",
+    )
+    parser.add_argument(
+        "--contexts",
+        type=args_lib.counts("tokens"),
+        default=",".join(map(str, measure.DEFAULT_CONTEXTS)),
+        metavar="LIST",
+        help="cached tokens to time at, e.g. 64,256,1024",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=args_lib.positive,
+        default=measure.DEFAULT_REPEATS,
+        metavar="N",
+        help="timed runs per point (the median is kept)",
+    )
+    parser.add_argument(
+        "--drafters",
+        type=_drafter_list,
+        default=None,
+        metavar="LIST",
+        help=f"drafters whose drafting cost to time, from "
+        f"{', '.join(DRAFTER_NAMES)}, or 'none' (default: those that "
+        f"load)",
+    )
+    parser.add_argument(
+        "--out",
+        "--json",
+        dest="out",
+        metavar="FILE.json",
+        default=None,
+        help="where to save the calibration (default: calibration.json in "
+        "the cache folder, where 'auto' looks for it)",
+    )
+    parser.add_argument(
+        "--plot", metavar="FILE.png", default=None, help="also draw measured vs predicted latency"
+    )
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bar"
+    )
     parser.set_defaults(calibrate_parser=parser)
 
 
-def _methods(parser: argparse.ArgumentParser, teacher: Teacher,
-             names: Sequence[str] | None) -> dict[str, methods_lib.Method]:
+def _methods(
+    parser: argparse.ArgumentParser, teacher: Teacher, names: Sequence[str] | None
+) -> dict[str, methods_lib.Method]:
     """The drafters to time; explicit names must load, defaults that do not are skipped."""
     explicit = names is not None
     spec = SpecConfig(budget=methods_lib.DEFAULT_BUDGET, depth=methods_lib.DEFAULT_DEPTH)
     methods = {}
-    for name in (names if explicit else DRAFTER_NAMES):
+    for name in names if explicit else DRAFTER_NAMES:
         try:
             methods[name] = _method(name, spec, teacher)
         except (ValueError, DrafterUnavailableError) as err:
@@ -77,37 +104,40 @@ def _methods(parser: argparse.ArgumentParser, teacher: Teacher,
 
 def _method(name: str, spec: SpecConfig, teacher: Teacher) -> methods_lib.Method:
     if name == "eagle3":
+
         def loader():
             from eaglepangu_jax.drafters.eagle3 import load_shipped_eagle3
 
             return load_shipped_eagle3(teacher.params)
+
         return methods_lib.make_method(name, spec, default_depth=True, eagle3_loader=loader)
     if name != "block":
         return methods_lib.make_method(name, spec, default_depth=True)
     try:
         from eaglepangu_jax.drafters.block import load_shipped_block
     except ImportError as err:
-        raise DrafterUnavailableError(f"the block drafter is not available: {err}") \
-            from None
+        raise DrafterUnavailableError(f"the block drafter is not available: {err}") from None
     try:
         drafter, params = load_shipped_block(teacher.params, budget=spec.budget)
     except (TypeError, ImportError, OSError, ValueError, KeyError) as err:
-        raise DrafterUnavailableError(f"the block drafter could not be loaded: "
-                                            f"{err}") from err
-    spec = dataclasses.replace(spec, policy="best_first",
-                               depth=min(spec.depth, drafter.max_depth))
+        raise DrafterUnavailableError(f"the block drafter could not be loaded: {err}") from err
+    spec = dataclasses.replace(spec, policy="best_first", depth=min(spec.depth, drafter.max_depth))
     drafter = methods_lib.configure_drafter(drafter, budget=spec.budget, depth=spec.depth)
     return methods_lib.Method(name=name, spec=spec, drafter=drafter, draft_params=params)
 
 
-def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                config: LlamaConfig) -> None:
+def _check_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, config: LlamaConfig
+) -> None:
     if max(args.slots) > config.max_position:
-        parser.error(f"--slots: {max(args.slots)} is above the model's context of "
-                     f"{config.max_position}")
+        parser.error(
+            f"--slots: {max(args.slots)} is above the model's context of {config.max_position}"
+        )
     if max(args.slots) + max(args.contexts) > config.max_position:
-        parser.error(f"--contexts: {max(args.contexts)} cached tokens plus {max(args.slots)} "
-                     f"slots exceed the model's context of {config.max_position}")
+        parser.error(
+            f"--contexts: {max(args.contexts)} cached tokens plus {max(args.slots)} "
+            f"slots exceed the model's context of {config.max_position}"
+        )
     for option, path in (("--out", args.out), ("--plot", args.plot)):
         if path is not None and not Path(path).resolve().parent.is_dir():
             parser.error(f"{option}: cannot write {path}: its folder does not exist")
@@ -135,10 +165,17 @@ def run(args: argparse.Namespace, *, teacher: Teacher | None = None) -> int:
     from tqdm import tqdm
 
     total = measure.progress_total(len(args.slots) * len(args.contexts), args.repeats, len(methods))
-    with tqdm(total=total, desc="calibrate", unit="run", disable=not args.progress,
-              dynamic_ncols=True) as bar:
-        calibration = measure.calibrate_teacher(teacher, slots=args.slots, contexts=args.contexts,
-                                        repeats=args.repeats, drafters=methods, bar=bar)
+    with tqdm(
+        total=total, desc="calibrate", unit="run", disable=not args.progress, dynamic_ncols=True
+    ) as bar:
+        calibration = measure.calibrate_teacher(
+            teacher,
+            slots=args.slots,
+            contexts=args.contexts,
+            repeats=args.repeats,
+            drafters=methods,
+            bar=bar,
+        )
     path = store.save_calibration(calibration, args.out)
     print(report.format_report(calibration, teacher.config))
     print(f"calibration written to {path}", file=sys.stderr)
@@ -153,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eaglepangu calibrate",
         description="Time the teacher's verify forward on this machine over a grid of tree "
-                    "sizes and contexts, the engine's per-round overhead and each drafter's "
-                    "cost; fit the roofline and save it for the 'auto' policy.")
+        "sizes and contexts, the engine's per-round overhead and each drafter's "
+        "cost; fit the roofline and save it for the 'auto' policy.",
+    )
     add_arguments(parser)
     return parser
 
@@ -168,5 +206,3 @@ def main(argv: Sequence[str] | None = None, *, teacher: Teacher | None = None) -
 if __name__ == "__main__":
     runtime.enable_compile_cache(None)
     sys.exit(main())
-
-

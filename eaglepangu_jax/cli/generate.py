@@ -25,30 +25,52 @@ DRAFTER_CHOICES = ("none", *DRAFTER_NAMES)
 def add_parser(sub) -> argparse.ArgumentParser:
     """Add ``generate`` to the sub-command set ``sub``."""
     g = sub.add_parser(
-        "generate", formatter_class=args_lib.Formatter, help="answer one prompt",
+        "generate",
+        formatter_class=args_lib.Formatter,
+        help="answer one prompt",
         description="Generate an answer to PROMPT with the real teacher and report tokens/s\n"
-                    "(compilation excluded) and the accepted length: tokens per verify round,\n"
-                    "the bonus token included (plain decoding scores 1.00).",
+        "(compilation excluded) and the accepted length: tokens per verify round,\n"
+        "the bonus token included (plain decoding scores 1.00).",
         epilog='example:\n  eaglepangu generate "What is the capital of France?" '
-               '--drafter ngram --max-new-tokens 32')
+        "--drafter ngram --max-new-tokens 32",
+    )
     g.add_argument("prompt", metavar="PROMPT", help="the user message (or raw text with --raw)")
     args_lib.add_tree_options(g, max_new_tokens=128)
-    g.add_argument("--drafter", choices=DRAFTER_CHOICES, default=None,
-                   help="'none' = plain greedy/sampled decoding; default: eagle3 if its "
-                        "shipped weights load, else ngram")
-    g.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="0 = greedy (output identical to plain greedy decoding); > 0 = "
-                        "lossless speculative sampling")
+    g.add_argument(
+        "--drafter",
+        choices=DRAFTER_CHOICES,
+        default=None,
+        help="'none' = plain greedy/sampled decoding; default: eagle3 if its "
+        "shipped weights load, else ngram",
+    )
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="0 = greedy (output identical to plain greedy decoding); > 0 = "
+        "lossless speculative sampling",
+    )
     g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass")
     g.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed")
     chat = g.add_mutually_exclusive_group()
-    chat.add_argument("--chat", dest="chat", action="store_true", default=True,
-                      help="wrap PROMPT in the model's chat template")
-    chat.add_argument("--raw", dest="chat", action="store_false",
-                      help="feed PROMPT as plain text (continue it)")
-    g.add_argument("--trace", metavar="FILE", default=None,
-                   help="write one JSON record per round (docs/TRACE_SCHEMA.md); runs the "
-                        "slower host-driven loop so that each phase can be timed")
+    chat.add_argument(
+        "--chat",
+        dest="chat",
+        action="store_true",
+        default=True,
+        help="wrap PROMPT in the model's chat template",
+    )
+    chat.add_argument(
+        "--raw", dest="chat", action="store_false", help="feed PROMPT as plain text (continue it)"
+    )
+    g.add_argument(
+        "--trace",
+        metavar="FILE",
+        default=None,
+        help="write one JSON record per round (docs/TRACE_SCHEMA.md); runs the "
+        "slower host-driven loop so that each phase can be timed",
+    )
     g.add_argument("--json", metavar="FILE", default=None, help="write the result as JSON")
     return g
 
@@ -57,8 +79,12 @@ def run(parser, args, teacher=None, renderer=None) -> int:
     """``eaglepangu generate``."""
     if args.temperature < 0:
         parser.error(f"temperature must be >= 0, got {args.temperature}")
-    sampling = dict(acceptance="sample" if args.temperature > 0 else "greedy",
-                    temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    sampling = dict(
+        acceptance="sample" if args.temperature > 0 else "greedy",
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
     spec = args_lib.spec_of(parser, args, **sampling)
     args_lib.writable(parser, args.json, "JSON output")
     args_lib.writable(parser, args.trace, "trace")
@@ -88,20 +114,28 @@ def run(parser, args, teacher=None, renderer=None) -> int:
     seconds = max(stats.seconds - compile_s, 1e-9)
     label = method.name if method.drafter is not None else "none"
     print(text)
-    print(f"[{label}] "
-          f"{stats.new_tokens} tokens in {seconds:.2f} s: {stats.new_tokens / seconds:.1f} "
-          f"tokens/s, accepted length {stats.accepted_length:.2f} over {stats.rounds} rounds"
-          f" ({compile_s:.1f} s of compilation excluded)")
+    print(
+        f"[{label}] "
+        f"{stats.new_tokens} tokens in {seconds:.2f} s: {stats.new_tokens / seconds:.1f} "
+        f"tokens/s, accepted length {stats.accepted_length:.2f} over {stats.rounds} rounds"
+        f" ({compile_s:.1f} s of compilation excluded)"
+    )
     if args.trace:
         args_lib.note(f"trace written to {args.trace} (eaglepangu trace summarize {args.trace})")
     if args.json:
         record = {
-            "prompt": args.prompt, "prompt_ids": list(prompt_ids), "tokens": result.tokens,
-            "text": text, "drafter": label,
-            "spec": dataclasses.asdict(method.spec), "new_tokens": stats.new_tokens,
-            "seconds": seconds, "compile_seconds": compile_s,
+            "prompt": args.prompt,
+            "prompt_ids": list(prompt_ids),
+            "tokens": result.tokens,
+            "text": text,
+            "drafter": label,
+            "spec": dataclasses.asdict(method.spec),
+            "new_tokens": stats.new_tokens,
+            "seconds": seconds,
+            "compile_seconds": compile_s,
             "prefill_seconds": stats.prefill_seconds,
-            "tokens_per_s": stats.new_tokens / seconds, "rounds": stats.rounds,
+            "tokens_per_s": stats.new_tokens / seconds,
+            "rounds": stats.rounds,
             "accepted_length": stats.accepted_length,
             "accepted_per_round": list(stats.accepted_per_round),
             "nodes_per_round": list(stats.nodes_per_round),
@@ -117,11 +151,23 @@ def _generate(teacher, method: Method, prompt_ids: list[int], trace_path: str | 
     start = time.perf_counter()
     with watch.active():
         if trace_path:
-            result = generate_traced(teacher, method.drafter, prompt_ids, method.spec,
-                                     draft_params=method.draft_params, trace_path=trace_path,
-                                     verify_latency=verify_latency)
+            result = generate_traced(
+                teacher,
+                method.drafter,
+                prompt_ids,
+                method.spec,
+                draft_params=method.draft_params,
+                trace_path=trace_path,
+                verify_latency=verify_latency,
+            )
         else:
-            result = generate(teacher, method.drafter, prompt_ids, method.spec,
-                              draft_params=method.draft_params, verify_latency=verify_latency)
+            result = generate(
+                teacher,
+                method.drafter,
+                prompt_ids,
+                method.spec,
+                draft_params=method.draft_params,
+                verify_latency=verify_latency,
+            )
     # Compilations that ended after the prefill belong to the decode time.
     return result, watch.seconds_after(start + result.stats.prefill_seconds)

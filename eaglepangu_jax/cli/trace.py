@@ -14,13 +14,19 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Add ``trace`` (and its ``summarize`` action) to the sub-command set ``sub``."""
-    t = sub.add_parser("trace", formatter_class=args_lib.Formatter, help="read traces",
-                       description="Read traces written by 'eaglepangu generate --trace'.")
+    t = sub.add_parser(
+        "trace",
+        formatter_class=args_lib.Formatter,
+        help="read traces",
+        description="Read traces written by 'eaglepangu generate --trace'.",
+    )
     tsub = t.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
-    ts = tsub.add_parser("summarize", formatter_class=args_lib.Formatter,
-                         help="per-phase totals and the acceptance histogram",
-                         description="Per-phase time totals and the histogram of accepted "
-                                     "lengths of a trace file.")
+    ts = tsub.add_parser(
+        "summarize",
+        formatter_class=args_lib.Formatter,
+        help="per-phase totals and the acceptance histogram",
+        description="Per-phase time totals and the histogram of accepted lengths of a trace file.",
+    )
     ts.add_argument("file", metavar="FILE", help="a trace (JSON Lines)")
     ts.add_argument("--json", metavar="OUT", default=None, help="also write the summary as JSON")
     return ts
@@ -37,5 +43,3 @@ def run(parser, args) -> int:
         write_text_atomic(args.json, json.dumps(summary.to_json(), indent=1) + "\n")
     print(summary.to_text())
     return 0
-
-

@@ -37,9 +37,13 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--shard-size", type=int, default=16)
     parser.add_argument("--data-dir", default=None, help="shard directory (default: cache)")
-    parser.add_argument("--holdout-shards", type=int, default=0,
-                        help="leave the last N shards out of training (and the vocabulary) "
-                             "and report held-out accuracy on them")
+    parser.add_argument(
+        "--holdout-shards",
+        type=int,
+        default=0,
+        help="leave the last N shards out of training (and the vocabulary) "
+        "and report held-out accuracy on them",
+    )
     parser.add_argument("--out", required=True, help="checkpoint path (no suffix)")
     parser.add_argument("--export", default=None, help="also write float16 weights here")
     parser.add_argument("--vocab-size", type=int, default=4096)
@@ -49,22 +53,32 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup-steps", type=int, default=20)
     parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--eval-every", type=int, default=100,
-                        help="block with --holdout-shards: evaluate every N steps and export "
-                             "the head with the longest held-out chain accepted length")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=100,
+        help="block with --holdout-shards: evaluate every N steps and export "
+        "the head with the longest held-out chain accepted length",
+    )
     parser.add_argument("--ttt-steps", type=int, default=3, help="eagle3: unrolled steps")
     parser.add_argument("--block-size", type=int, default=8, help="block: slots per block (D)")
     parser.add_argument("--block-layers", type=int, default=2, help="block: drafter layers")
-    parser.add_argument("--anchors", type=int, default=16,
-                        help="block: blocks per sequence and step")
-    parser.add_argument("--context-window", type=int, default=0,
-                        help="block: half the blocks see only the last 1..N context positions")
+    parser.add_argument(
+        "--anchors", type=int, default=16, help="block: blocks per sequence and step"
+    )
+    parser.add_argument(
+        "--context-window",
+        type=int,
+        default=0,
+        help="block: half the blocks see only the last 1..N context positions",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ray-address", default=None)
     args = parser.parse_args(argv)
 
     from eaglepangu_jax.engine.decode import Teacher
-    from eaglepangu_jax.models import chat, llama, smollm2, tokenizer as tok_lib
+    from eaglepangu_jax.models import chat, llama, smollm2
+    from eaglepangu_jax.models import tokenizer as tok_lib
     from eaglepangu_jax.models.weights_cache import resolve_cache_dir
     from eaglepangu_jax.training import data as data_lib
     from eaglepangu_jax.training.prompts import training_prompts
@@ -75,44 +89,72 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
     fingerprint = smollm2.teacher_fingerprint()
     tok = tok_lib.load_tokenizer()
     if args.kind == "block":
-        head_cfg = block.BlockConfig.for_teacher(teacher_cfg, args.vocab_size,
-                                                 block_size=args.block_size,
-                                                 num_layers=args.block_layers)
+        head_cfg = block.BlockConfig.for_teacher(
+            teacher_cfg, args.vocab_size, block_size=args.block_size, num_layers=args.block_layers
+        )
     else:
         head_cfg = eagle3.Eagle3Config.for_teacher(teacher_cfg, args.vocab_size)
-    settings = data_lib.DataSettings(feature_layers=head_cfg.feature_layers,
-                                     max_new_tokens=args.max_new_tokens,
-                                     shard_size=args.shard_size)
-    prompt_ids = [chat.encode_chat(tok, [{"role": "user", "content": p}])
-                  for p in training_prompts(args.prompts, seed=args.seed)]
+    settings = data_lib.DataSettings(
+        feature_layers=head_cfg.feature_layers,
+        max_new_tokens=args.max_new_tokens,
+        shard_size=args.shard_size,
+    )
+    prompt_ids = [
+        chat.encode_chat(tok, [{"role": "user", "content": p}])
+        for p in training_prompts(args.prompts, seed=args.seed)
+    ]
     data_dir = Path(args.data_dir) if args.data_dir else resolve_cache_dir() / "eagle3-data"
-    keys = data_lib.build_dataset(teacher, prompt_ids, settings, data_dir,
-                                  fingerprint=fingerprint, ray_address=args.ray_address)
+    keys = data_lib.build_dataset(
+        teacher,
+        prompt_ids,
+        settings,
+        data_dir,
+        fingerprint=fingerprint,
+        ray_address=args.ray_address,
+    )
     shards = data_lib.load_dataset(data_dir, keys)
     if not 0 <= args.holdout_shards < len(shards):
-        raise ValueError(f"--holdout-shards {args.holdout_shards} must lie in [0, "
-                         f"{len(shards) - 1}] ({len(shards)} shards)")
-    held = shards[len(shards) - args.holdout_shards:] if args.holdout_shards else []
+        raise ValueError(
+            f"--holdout-shards {args.holdout_shards} must lie in [0, "
+            f"{len(shards) - 1}] ({len(shards)} shards)"
+        )
+    held = shards[len(shards) - args.holdout_shards :] if args.holdout_shards else []
     shards = shards[: len(shards) - args.holdout_shards]
     counts = token_counts((s.tokens for s in shards), teacher_cfg.vocab_size)
     vocab = build_vocab(counts, args.vocab_size, special_ids=(0, 1, 2))
     print(f"draft vocabulary: {vocab.size} tokens, coverage {vocab.coverage:.4f}")
     batches = make_batches(shards, vocab, args.seq_len)
-    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-                      learning_rate=args.lr, warmup_steps=args.warmup_steps,
-                      weight_decay=args.weight_decay, ttt_steps=args.ttt_steps,
-                      anchors=args.anchors, context_window=args.context_window,
-                      seed=args.seed)
+    cfg = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        learning_rate=args.lr,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        ttt_steps=args.ttt_steps,
+        anchors=args.anchors,
+        context_window=args.context_window,
+        seed=args.seed,
+    )
     best: dict[str, Any] = {}
     history: list[dict[str, Any]] = []
 
     def monitor(step: int, head: dict) -> None:
         report = train_block.evaluate(head, head_cfg, params["embed"], held_batches)
-        history.append({"step": step, "loss": report["loss"], "accuracy": report["accuracy"],
-                        "chain_accepted_length": report["chain_accepted_length"]})
-        print(f"\nstep {step}: held-out loss {report['loss']:.3f}, accuracy "
-              f"{[round(a, 3) for a in report['accuracy'][:4]]}, chain accepted length "
-              f"{report['chain_accepted_length']:.3f}", flush=True)
+        history.append(
+            {
+                "step": step,
+                "loss": report["loss"],
+                "accuracy": report["accuracy"],
+                "chain_accepted_length": report["chain_accepted_length"],
+            }
+        )
+        print(
+            f"\nstep {step}: held-out loss {report['loss']:.3f}, accuracy "
+            f"{[round(a, 3) for a in report['accuracy'][:4]]}, chain accepted length "
+            f"{report['chain_accepted_length']:.3f}",
+            flush=True,
+        )
         # Acceptance, not likelihood: past the first epochs the held-out loss rises (the
         # marginals grow overconfident) while the held-out accuracy still improves.
         if not best or report["chain_accepted_length"] > best["report"]["chain_accepted_length"]:
@@ -121,20 +163,44 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
     evaluating = bool(held) and args.kind == "block"
     held_batches = make_batches(held, vocab, args.seq_len) if evaluating else None
     t_train = time.time()
-    head, losses = train(batches, head_cfg, vocab, params["embed"], cfg,
-                         fingerprint=fingerprint, checkpoint=args.out,
-                         final_norm=params["final_norm"],
-                         monitor=monitor if evaluating else None, monitor_every=args.eval_every)
-    extra = {"step": cfg.steps, "final_loss": losses[-1], "train": dataclasses.asdict(cfg),
-             "loss_every_10_steps": losses[::10], "train_seconds": time.time() - t_train,
-             "train_sequences": int(batches.tokens.shape[0]), "vocab_coverage": vocab.coverage}
+    head, losses = train(
+        batches,
+        head_cfg,
+        vocab,
+        params["embed"],
+        cfg,
+        fingerprint=fingerprint,
+        checkpoint=args.out,
+        final_norm=params["final_norm"],
+        monitor=monitor if evaluating else None,
+        monitor_every=args.eval_every,
+    )
+    extra = {
+        "step": cfg.steps,
+        "final_loss": losses[-1],
+        "train": dataclasses.asdict(cfg),
+        "loss_every_10_steps": losses[::10],
+        "train_seconds": time.time() - t_train,
+        "train_sequences": int(batches.tokens.shape[0]),
+        "vocab_coverage": vocab.coverage,
+    }
     if best:
         head = best["head"]
-        extra.update(step=best["step"], held_out={"shards": len(held), **best["report"]},
-                     held_out_history=history)
+        extra.update(
+            step=best["step"],
+            held_out={"shards": len(held), **best["report"]},
+            held_out_history=history,
+        )
         print(f"exporting step {best['step']}; held-out:", json.dumps(best["report"]))
     if args.export:
-        save_checkpoint(args.export, head, head_cfg, vocab.d2t, fingerprint=fingerprint,
-                        dtype=np.float16, extra=extra)
+        save_checkpoint(
+            args.export,
+            head,
+            head_cfg,
+            vocab.d2t,
+            fingerprint=fingerprint,
+            dtype=np.float16,
+            extra=extra,
+        )
     print(f"done in {time.time() - t0:.0f} s; final loss {losses[-1]:.4f}")
     return 0

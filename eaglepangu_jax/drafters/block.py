@@ -44,21 +44,53 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from eaglepangu_jax.drafters.eagle3 import (_rms, _safe_log_softmax, check_head_config,
-                                            default_feature_layers, draft_logits, finish, fuse,
-                                            make_params)
+from eaglepangu_jax.drafters.eagle3 import (
+    _rms,
+    _safe_log_softmax,
+    check_head_config,
+    default_feature_layers,
+    draft_logits,
+    finish,
+    fuse,
+    make_params,
+)
 from eaglepangu_jax.engine.drafter import DraftContext, FeatureHeadDrafter, Proposal
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
 
-LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "ctx_wk", "ctx_wv", "wo", "mlp_norm", "w_gate",
-              "w_up", "w_down")
-HEAD_KEYS = ("feature_norm", "fc", "ctx_norm", "mask_embed", "w_last") + LAYER_KEYS + (
-    "final_norm", "lm_head")
+LAYER_KEYS = (
+    "attn_norm",
+    "wq",
+    "wk",
+    "wv",
+    "ctx_wk",
+    "ctx_wv",
+    "wo",
+    "mlp_norm",
+    "w_gate",
+    "w_up",
+    "w_down",
+)
+HEAD_KEYS = (
+    ("feature_norm", "fc", "ctx_norm", "mask_embed", "w_last")
+    + LAYER_KEYS
+    + ("final_norm", "lm_head")
+)
 
-__all__ = ["BlockConfig", "BlockDrafter", "BlockState", "init_head", "make_params",
-           "load_shipped_block", "context_stream", "context_kv", "block_inputs", "block_hidden",
-           "block_logits", "teacher_marginals"]
+__all__ = [
+    "BlockConfig",
+    "BlockDrafter",
+    "BlockState",
+    "init_head",
+    "make_params",
+    "load_shipped_block",
+    "context_stream",
+    "context_kv",
+    "block_inputs",
+    "block_hidden",
+    "block_logits",
+    "teacher_marginals",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,26 +111,47 @@ class BlockConfig:
     rms_norm_eps: float = 1e-5
 
     def __post_init__(self):
-        for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                      "intermediate_size", "block_size"):
+        for field in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "block_size",
+        ):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
         check_head_config(self)
 
     @classmethod
-    def for_teacher(cls, teacher: LlamaConfig, draft_vocab_size: int, *, block_size: int = 8,
-                    num_layers: int = 2, feature_layers: tuple[int, ...] | None = None
-                    ) -> "BlockConfig":
+    def for_teacher(
+        cls,
+        teacher: LlamaConfig,
+        draft_vocab_size: int,
+        *,
+        block_size: int = 8,
+        num_layers: int = 2,
+        feature_layers: tuple[int, ...] | None = None,
+    ) -> "BlockConfig":
         """Layers shaped like the teacher's, tapping the same layers as an EAGLE-3 head (so
         both train on the same cached data)."""
         if feature_layers is None:
             feature_layers = default_feature_layers(teacher.num_layers)
-        return cls(hidden_size=teacher.hidden_size, num_layers=num_layers,
-                   num_heads=teacher.num_heads, num_kv_heads=teacher.num_kv_heads,
-                   head_dim=teacher.head_dim, intermediate_size=teacher.intermediate_size,
-                   draft_vocab_size=draft_vocab_size, teacher_vocab_size=teacher.vocab_size,
-                   feature_layers=tuple(feature_layers), block_size=block_size,
-                   rope_theta=teacher.rope_theta, rms_norm_eps=teacher.rms_norm_eps)
+        return cls(
+            hidden_size=teacher.hidden_size,
+            num_layers=num_layers,
+            num_heads=teacher.num_heads,
+            num_kv_heads=teacher.num_kv_heads,
+            head_dim=teacher.head_dim,
+            intermediate_size=teacher.intermediate_size,
+            draft_vocab_size=draft_vocab_size,
+            teacher_vocab_size=teacher.vocab_size,
+            feature_layers=tuple(feature_layers),
+            block_size=block_size,
+            rope_theta=teacher.rope_theta,
+            rms_norm_eps=teacher.rms_norm_eps,
+        )
 
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "feature_layers": list(self.feature_layers)}
@@ -109,21 +162,46 @@ class BlockConfig:
 
     def head_shapes(self) -> dict[str, tuple[int, ...]]:
         """Expected shape of every weight (per-layer ones lead with ``num_layers``)."""
-        h, f, i, n = self.hidden_size, len(self.feature_layers), self.intermediate_size, \
-            self.num_layers
+        h, f, i, n = (
+            self.hidden_size,
+            len(self.feature_layers),
+            self.intermediate_size,
+            self.num_layers,
+        )
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        layer = {"attn_norm": (h,), "wq": (h, q), "wk": (h, kv), "wv": (h, kv),
-                 "ctx_wk": (h, kv), "ctx_wv": (h, kv), "wo": (q, h), "mlp_norm": (h,),
-                 "w_gate": (h, i), "w_up": (h, i), "w_down": (i, h)}
-        return {"feature_norm": (f, h), "fc": (f * h, h), "ctx_norm": (h,),
-                "mask_embed": (h,), "w_last": (h, h),
-                **{k: (n,) + shape for k, shape in layer.items()},
-                "final_norm": (h,), "lm_head": (h, self.draft_vocab_size)}
+        layer = {
+            "attn_norm": (h,),
+            "wq": (h, q),
+            "wk": (h, kv),
+            "wv": (h, kv),
+            "ctx_wk": (h, kv),
+            "ctx_wv": (h, kv),
+            "wo": (q, h),
+            "mlp_norm": (h,),
+            "w_gate": (h, i),
+            "w_up": (h, i),
+            "w_down": (i, h),
+        }
+        return {
+            "feature_norm": (f, h),
+            "fc": (f * h, h),
+            "ctx_norm": (h,),
+            "mask_embed": (h,),
+            "w_last": (h, h),
+            **{k: (n,) + shape for k, shape in layer.items()},
+            "final_norm": (h,),
+            "lm_head": (h, self.draft_vocab_size),
+        }
 
 
-def init_head(config: BlockConfig, key: Array, *, embed: Float[Array, "V H"] | None = None,
-              d2t: Int[Array, "Vd"] | None = None,
-              final_norm: Float[Array, "H"] | None = None) -> dict:
+def init_head(
+    config: BlockConfig,
+    key: Array,
+    *,
+    embed: Float[Array, "V H"] | None = None,
+    d2t: Int[Array, " Vd"] | None = None,
+    final_norm: Float[Array, " H"] | None = None,
+) -> dict:
     """Random weights (float32): norms 1, matrices ``N(0, 1 / fan_in)``.
 
     Warm start when the teacher's pieces are given: ``lm_head`` = the teacher's (tied)
@@ -160,8 +238,9 @@ def init_head(config: BlockConfig, key: Array, *, embed: Float[Array, "V H"] | N
 # ----------------------------------------------------------------------------- the network
 
 
-def context_stream(head: dict, config: BlockConfig, features: Float[Array, "T F H"]
-                   ) -> Float[Array, "T H"]:
+def context_stream(
+    head: dict, config: BlockConfig, features: Float[Array, "T F H"]
+) -> Float[Array, "T H"]:
     """The context vectors ``c``: normed ``fc`` of each position's normed tapped features."""
     eps = config.rms_norm_eps
     ones = jnp.ones((features.shape[-1],), jnp.float32)
@@ -169,33 +248,47 @@ def context_stream(head: dict, config: BlockConfig, features: Float[Array, "T F 
     return _rms(fuse(head, normed), head["ctx_norm"], eps)
 
 
-def context_kv(head: dict, config: BlockConfig, c: Float[Array, "T H"],
-               positions: Int[Array, "T"]
-               ) -> tuple[Float[Array, "L T Nk Dh"], Float[Array, "L T Nk Dh"]]:
+def context_kv(
+    head: dict, config: BlockConfig, c: Float[Array, "T H"], positions: Int[Array, " T"]
+) -> tuple[Float[Array, "L T Nk Dh"], Float[Array, "L T Nk Dh"]]:
     """Every layer's context keys (rotated at ``positions``) and values of context vectors."""
     t, n = c.shape[0], config.num_layers
-    k = jnp.einsum("th,lhk->ltk", c, head["ctx_wk"]).reshape(n, t, config.num_kv_heads,
-                                                              config.head_dim)
-    v = jnp.einsum("th,lhk->ltk", c, head["ctx_wv"]).reshape(n, t, config.num_kv_heads,
-                                                              config.head_dim)
+    k = jnp.einsum("th,lhk->ltk", c, head["ctx_wk"]).reshape(
+        n, t, config.num_kv_heads, config.head_dim
+    )
+    v = jnp.einsum("th,lhk->ltk", c, head["ctx_wv"]).reshape(
+        n, t, config.num_kv_heads, config.head_dim
+    )
     cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
     return jax.vmap(lambda x: apply_rope(x, cos, sin))(k), v
 
 
-def block_inputs(head: dict, embed: Float[Array, "V H"], roots: Int[Array, "A"],
-                 last: Float[Array, "A H"], block_size: int) -> Float[Array, "A D H"]:
+def block_inputs(
+    head: dict,
+    embed: Float[Array, "V H"],
+    roots: Int[Array, " A"],
+    last: Float[Array, "A H"],
+    block_size: int,
+) -> Float[Array, "A D H"]:
     """``[embed(root), MASK x (D - 1)] + w_last c_{p-1}`` for every block (``last`` is
     ``c_{p-1}``, zeros where that position is not visible)."""
     first = embed[roots].astype(jnp.float32)[:, None, :]
-    mask = jnp.broadcast_to(head["mask_embed"].astype(jnp.float32)[None, None, :],
-                            (roots.shape[0], block_size - 1, first.shape[-1]))
+    mask = jnp.broadcast_to(
+        head["mask_embed"].astype(jnp.float32)[None, None, :],
+        (roots.shape[0], block_size - 1, first.shape[-1]),
+    )
     return jnp.concatenate([first, mask], axis=1) + (last @ head["w_last"])[:, None, :]
 
 
-def _attend(config: BlockConfig, q: Float[Array, "A D Nq Dh"], ctx_k: Float[Array, "S Nk Dh"],
-            ctx_v: Float[Array, "S Nk Dh"], visible: Bool[Array, "A S"],
-            k: Float[Array, "A D Nk Dh"], v: Float[Array, "A D Nk Dh"]
-            ) -> Float[Array, "A D Nq Dh"]:
+def _attend(
+    config: BlockConfig,
+    q: Float[Array, "A D Nq Dh"],
+    ctx_k: Float[Array, "S Nk Dh"],
+    ctx_v: Float[Array, "S Nk Dh"],
+    visible: Bool[Array, "A S"],
+    k: Float[Array, "A D Nk Dh"],
+    v: Float[Array, "A D Nk Dh"],
+) -> Float[Array, "A D Nq Dh"]:
     """One softmax over each block's visible context and its whole block (grouped heads:
     query head ``n`` reads KV head ``n // group``). The context K/V are shared by all
     blocks, never copied per block; a block always sees itself, so no row is fully masked."""
@@ -207,14 +300,21 @@ def _attend(config: BlockConfig, q: Float[Array, "A D Nq Dh"], ctx_k: Float[Arra
     s_own = jnp.einsum("adkgh,aekh->adkge", q, k)
     p = jax.nn.softmax(jnp.concatenate([s_ctx, s_own], axis=-1), axis=-1)
     s = ctx_k.shape[0]
-    out = (jnp.einsum("adkgs,skh->adkgh", p[..., :s], ctx_v)
-           + jnp.einsum("adkge,aekh->adkgh", p[..., s:], v))
+    out = jnp.einsum("adkgs,skh->adkgh", p[..., :s], ctx_v) + jnp.einsum(
+        "adkge,aekh->adkgh", p[..., s:], v
+    )
     return out.reshape(a, d, nq, dh)
 
 
-def block_hidden(head: dict, config: BlockConfig, ctx_k: Float[Array, "L S Nk Dh"],
-                 ctx_v: Float[Array, "L S Nk Dh"], visible: Bool[Array, "A S"],
-                 x: Float[Array, "A D H"], positions: Int[Array, "A D"]) -> Float[Array, "A D H"]:
+def block_hidden(
+    head: dict,
+    config: BlockConfig,
+    ctx_k: Float[Array, "L S Nk Dh"],
+    ctx_v: Float[Array, "L S Nk Dh"],
+    visible: Bool[Array, "A S"],
+    x: Float[Array, "A D H"],
+    positions: Int[Array, "A D"],
+) -> Float[Array, "A D H"]:
     """The drafter layers over ``A`` blocks; block ``a`` reads the context slots
     ``visible[a]`` (its own block always)."""
     a, d, h = x.shape
@@ -227,17 +327,31 @@ def block_hidden(head: dict, config: BlockConfig, ctx_k: Float[Array, "L S Nk Dh
         q = apply_rope((y @ layer["wq"]).reshape(a * d, nq, dh), cos, sin)
         k = apply_rope((y @ layer["wk"]).reshape(a * d, nk, dh), cos, sin)
         v = (y @ layer["wv"]).reshape(a * d, nk, dh)
-        attn = _attend(config, q.reshape(a, d, nq, dh), ctx_k[i], ctx_v[i], visible,
-                       k.reshape(a, d, nk, dh), v.reshape(a, d, nk, dh))
+        attn = _attend(
+            config,
+            q.reshape(a, d, nq, dh),
+            ctx_k[i],
+            ctx_v[i],
+            visible,
+            k.reshape(a, d, nk, dh),
+            v.reshape(a, d, nk, dh),
+        )
         # EAGLE-3's tail: output projection on the residual, then the gated MLP block.
         x = finish(layer, config, x, attn.reshape(a * d, nq, dh))
     return x.reshape(a, d, h)
 
 
-def block_logits(head: dict, config: BlockConfig, embed: Float[Array, "V H"],
-                 ctx_k: Float[Array, "L S Nk Dh"], ctx_v: Float[Array, "L S Nk Dh"],
-                 visible: Bool[Array, "A S"], roots: Int[Array, "A"], starts: Int[Array, "A"],
-                 last: Float[Array, "A H"]) -> Float[Array, "A D Vd"]:
+def block_logits(
+    head: dict,
+    config: BlockConfig,
+    embed: Float[Array, "V H"],
+    ctx_k: Float[Array, "L S Nk Dh"],
+    ctx_v: Float[Array, "L S Nk Dh"],
+    visible: Bool[Array, "A S"],
+    roots: Int[Array, " A"],
+    starts: Int[Array, " A"],
+    last: Float[Array, "A H"],
+) -> Float[Array, "A D Vd"]:
     """Draft-vocabulary logits of ``A`` blocks; block ``a`` has its root at position
     ``starts[a]``, the context vector ``last[a]`` of the position before it, and its slot
     ``i`` predicts the token at ``starts[a] + i + 1``."""
@@ -249,8 +363,9 @@ def block_logits(head: dict, config: BlockConfig, embed: Float[Array, "V H"],
     return draft_logits(head, config, h.reshape(a * d, -1)).reshape(a, d, -1)
 
 
-def teacher_marginals(logp: Float[Array, "D Vd"], d2t: Int[Array, "Vd"], vocab_size: int
-                      ) -> Float[Array, "D V"]:
+def teacher_marginals(
+    logp: Float[Array, "D Vd"], d2t: Int[Array, " Vd"], vocab_size: int
+) -> Float[Array, "D V"]:
     """Draft-vocabulary log-probabilities at their teacher ids, ``-inf`` elsewhere."""
     out = jnp.full((logp.shape[0], vocab_size), -jnp.inf, jnp.float32)
     return out.at[:, d2t].set(logp)
@@ -268,7 +383,7 @@ class BlockState:
     v: Float[Array, "L C Nk Dh"]  # [L, C, Nk, Dh]
     first: Int[Array, ""]  # first filled slot (earlier prompt positions had no features)
     length: Int[Array, ""]  # slots [first, length) are filled; length = the root's position
-    last: Float[Array, "H"]  # context vector of slot length - 1 (zeros when none)
+    last: Float[Array, " H"]  # context vector of slot length - 1 (zeros when none)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -292,17 +407,22 @@ class BlockDrafter(FeatureHeadDrafter):
         if self.depth is None:
             object.__setattr__(self, "depth", self.config.block_size)
         if not 1 <= self.depth <= self.config.block_size:
-            raise ValueError(f"depth must lie in [1, block_size = {self.config.block_size}], "
-                             f"got {self.depth}")
+            raise ValueError(
+                f"depth must lie in [1, block_size = {self.config.block_size}], got {self.depth}"
+            )
 
     def init_state(self, params: Any, context: DraftContext) -> BlockState:
         """Empty cache, then the prompt positions whose features the engine handed over."""
         cfg = self.config
         shape = (cfg.num_layers, context.tokens.shape[0], cfg.num_kv_heads, cfg.head_dim)
         first = jnp.maximum(context.num_tokens - 1 - context.num_features, 0).astype(jnp.int32)
-        empty = BlockState(k=jnp.zeros(shape, jnp.float32), v=jnp.zeros(shape, jnp.float32),
-                           first=first, length=first,
-                           last=jnp.zeros((cfg.hidden_size,), jnp.float32))
+        empty = BlockState(
+            k=jnp.zeros(shape, jnp.float32),
+            v=jnp.zeros(shape, jnp.float32),
+            first=first,
+            length=first,
+            last=jnp.zeros((cfg.hidden_size,), jnp.float32),
+        )
         return self.update(params, empty, context)
 
     def update(self, params: Any, state: BlockState, context: DraftContext) -> BlockState:
@@ -315,12 +435,17 @@ class BlockDrafter(FeatureHeadDrafter):
         k, v = context_kv(params["head"], self.config, stream, jnp.maximum(pos, 0))
         slot = jnp.where((row < nf) & (pos >= 0), pos, c)  # c is past the end: dropped
         last = jnp.where(nf > 0, stream[jnp.clip(nf - 1, 0, a - 1)], state.last)
-        return BlockState(k=state.k.at[:, slot].set(k, mode="drop"),
-                          v=state.v.at[:, slot].set(v, mode="drop"), first=state.first,
-                          length=(context.num_tokens - 1).astype(jnp.int32), last=last)
+        return BlockState(
+            k=state.k.at[:, slot].set(k, mode="drop"),
+            v=state.v.at[:, slot].set(v, mode="drop"),
+            first=state.first,
+            length=(context.num_tokens - 1).astype(jnp.int32),
+            last=last,
+        )
 
-    def propose(self, params: Any, state: BlockState, context: DraftContext,
-                key: Array) -> Proposal:
+    def propose(
+        self, params: Any, state: BlockState, context: DraftContext, key: Array
+    ) -> Proposal:
         """``[depth, V]`` teacher-vocabulary log-marginals of the tokens after the root."""
         cfg = self.config
         c = context.tokens.shape[0]
@@ -331,10 +456,22 @@ class BlockDrafter(FeatureHeadDrafter):
         visible = ((s >= first) & (s < state.length))[None, :]
         newest = state.length - 1
         last = jnp.where((newest >= first) & (newest >= 0), state.last, 0.0)
-        logits = block_logits(params["head"], cfg, params["embed"], state.k, state.v, visible,
-                              root[None], position[None], last[None])[0, : self.depth]
-        return Proposal(marginals=teacher_marginals(_safe_log_softmax(logits), params["d2t"],
-                                                    cfg.teacher_vocab_size))
+        logits = block_logits(
+            params["head"],
+            cfg,
+            params["embed"],
+            state.k,
+            state.v,
+            visible,
+            root[None],
+            position[None],
+            last[None],
+        )[0, : self.depth]
+        return Proposal(
+            marginals=teacher_marginals(
+                _safe_log_softmax(logits), params["d2t"], cfg.teacher_vocab_size
+            )
+        )
 
 
 # -------------------------------------------------------------------------------- shipping
@@ -342,8 +479,9 @@ class BlockDrafter(FeatureHeadDrafter):
 SHIPPED_NAME = "block_smollm2"
 
 
-def load_shipped_block(teacher_params: dict | None = None, *, budget: int = 8,
-                       depth: int | None = None) -> tuple[BlockDrafter, dict]:
+def load_shipped_block(
+    teacher_params: dict | None = None, *, budget: int = 8, depth: int | None = None
+) -> tuple[BlockDrafter, dict]:
     """The packaged block drafter trained for SmolLM2-135M-Instruct: ``(drafter, params)``.
 
     Args:

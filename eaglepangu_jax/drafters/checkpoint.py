@@ -41,17 +41,26 @@ def kind_of(config: Any) -> str:
     for kind, cls in FORMATS.items():
         if isinstance(config, cls):
             return kind
-    raise ValueError(f"no drafter kind has config type {type(config).__name__}; known kinds: "
-                     f"{sorted(FORMATS)}")
+    raise ValueError(
+        f"no drafter kind has config type {type(config).__name__}; known kinds: {sorted(FORMATS)}"
+    )
 
 
 def format_of(config: Any) -> str:
     return format_name(kind_of(config))
 
 
-def save_checkpoint(path: str | Path, head: dict, config: Any, d2t: np.ndarray, *,
-                    fingerprint: str, extra: dict | None = None, opt_state: Any = None,
-                    dtype: Any = np.float32) -> None:
+def save_checkpoint(
+    path: str | Path,
+    head: dict,
+    config: Any,
+    d2t: np.ndarray,
+    *,
+    fingerprint: str,
+    extra: dict | None = None,
+    opt_state: Any = None,
+    dtype: Any = np.float32,
+) -> None:
     """Write ``path.safetensors`` + ``path.json`` atomically (optimiser state optional);
     ``config`` (an EAGLE-3 or block config) decides the stored ``format``."""
     from safetensors.numpy import save_file
@@ -63,15 +72,23 @@ def save_checkpoint(path: str | Path, head: dict, config: Any, d2t: np.ndarray, 
     if opt_state is not None:
         for i, leaf in enumerate(jax.tree_util.tree_leaves(opt_state)):
             arrays[f"opt.{i}"] = np.asarray(leaf)
-    meta = {"format": kind, "version": 1, "teacher_fingerprint": fingerprint,
-            "config": config.to_json(), **(extra or {})}
+    meta = {
+        "format": kind,
+        "version": 1,
+        "teacher_fingerprint": fingerprint,
+        "config": config.to_json(),
+        **(extra or {}),
+    }
     atomic_write(path.with_suffix(".safetensors"), lambda tmp: save_file(arrays, str(tmp)))
-    atomic_write(path.with_suffix(".json"),
-                 lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)))
+    atomic_write(
+        path.with_suffix(".json"),
+        lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)),
+    )
 
 
-def load_checkpoint(path: str | Path, *, fingerprint: str | None, config: Any = None,
-                    kind: str | None = None) -> tuple[Any, dict, np.ndarray, dict, dict]:
+def load_checkpoint(
+    path: str | Path, *, fingerprint: str | None, config: Any = None, kind: str | None = None
+) -> tuple[Any, dict, np.ndarray, dict, dict]:
     """``(config, head float32, d2t, metadata, optimiser leaves by index)``.
 
     Args:
@@ -91,42 +108,53 @@ def load_checkpoint(path: str | Path, *, fingerprint: str | None, config: Any = 
     try:
         meta = json.loads(path.with_suffix(".json").read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"checkpoint {path}: unreadable metadata "
-                         f"{path.with_suffix('.json')}: {err}") from err
+        raise ValueError(
+            f"checkpoint {path}: unreadable metadata {path.with_suffix('.json')}: {err}"
+        ) from err
     if not isinstance(meta, dict):
         raise ValueError(f"checkpoint {path}: metadata is not a JSON object")
     stored_fp = meta.get("teacher_fingerprint")
     if fingerprint is not None and stored_fp != fingerprint:
-        raise ValueError(f"checkpoint {path} was trained for teacher {str(stored_fp)[:16]}..., "
-                         f"not this teacher {fingerprint[:16]}...: refusing to load it")
+        raise ValueError(
+            f"checkpoint {path} was trained for teacher {str(stored_fp)[:16]}..., "
+            f"not this teacher {fingerprint[:16]}...: refusing to load it"
+        )
     by_format = {format_name(k): k for k in FORMATS}
     stored_kind = by_format.get(meta.get("format"))
     if stored_kind is None:
-        raise ValueError(f"checkpoint {path} has format {meta.get('format')!r}; known formats: "
-                         f"{sorted(by_format)}")
+        raise ValueError(
+            f"checkpoint {path} has format {meta.get('format')!r}; known formats: "
+            f"{sorted(by_format)}"
+        )
     wanted = kind if config is None else kind_of(config)
     if wanted is not None and wanted != stored_kind:
-        raise ValueError(f"checkpoint {path} holds a drafter of kind {stored_kind!r}, "
-                         f"not the {wanted!r} asked for")
+        raise ValueError(
+            f"checkpoint {path} holds a drafter of kind {stored_kind!r}, "
+            f"not the {wanted!r} asked for"
+        )
     cfg = config if config is not None else FORMATS[stored_kind].from_json(meta["config"])
     try:
         arrays = load_file(str(path.with_suffix(".safetensors")))
     except Exception as err:  # safetensors raises its own error types for corrupt files
-        raise ValueError(f"checkpoint {path}: unreadable weights "
-                         f"{path.with_suffix('.safetensors')}: {err}") from err
+        raise ValueError(
+            f"checkpoint {path}: unreadable weights {path.with_suffix('.safetensors')}: {err}"
+        ) from err
     head = {}
     for name, shape in cfg.head_shapes().items():
         arr = arrays.get(f"head.{name}")
         if arr is None or tuple(arr.shape) != shape:
             got = None if arr is None else tuple(arr.shape)
-            raise ValueError(f"checkpoint {path}: weight {name!r} has shape {got}, the head "
-                             f"needs {shape}")
+            raise ValueError(
+                f"checkpoint {path}: weight {name!r} has shape {got}, the head needs {shape}"
+            )
         head[name] = jnp.asarray(arr.astype(np.float32))
     d2t = arrays.get("d2t")
     if d2t is None or d2t.shape != (cfg.draft_vocab_size,):
-        raise ValueError(f"checkpoint {path}: d2t has shape "
-                         f"{None if d2t is None else d2t.shape}, expected "
-                         f"({cfg.draft_vocab_size},)")
+        raise ValueError(
+            f"checkpoint {path}: d2t has shape "
+            f"{None if d2t is None else d2t.shape}, expected "
+            f"({cfg.draft_vocab_size},)"
+        )
     if d2t.min() < 0 or d2t.max() >= cfg.teacher_vocab_size:
         raise ValueError(f"checkpoint {path}: d2t holds ids outside the teacher vocabulary")
     opt = {int(k.split(".")[1]): v for k, v in arrays.items() if k.startswith("opt.")}

@@ -42,8 +42,21 @@ from eaglepangu_jax.engine.drafter import DraftContext, FeatureHeadDrafter, Prop
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
 
-HEAD_KEYS = ("fc", "embed_norm", "feature_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate",
-             "w_up", "w_down", "final_norm", "lm_head")
+HEAD_KEYS = (
+    "fc",
+    "embed_norm",
+    "feature_norm",
+    "wq",
+    "wk",
+    "wv",
+    "wo",
+    "mlp_norm",
+    "w_gate",
+    "w_up",
+    "w_down",
+    "final_norm",
+    "lm_head",
+)
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -56,11 +69,14 @@ def check_head_config(config: Any) -> None:
     """Checks every trained head's config shares: attention grouping, draft vocabulary size
     and at least one tapped teacher layer (raises ``ValueError`` naming the problem)."""
     if config.num_heads % config.num_kv_heads:
-        raise ValueError(f"num_heads {config.num_heads} is not a multiple of num_kv_heads "
-                         f"{config.num_kv_heads}")
+        raise ValueError(
+            f"num_heads {config.num_heads} is not a multiple of num_kv_heads {config.num_kv_heads}"
+        )
     if not 1 <= config.draft_vocab_size <= config.teacher_vocab_size:
-        raise ValueError(f"draft vocabulary {config.draft_vocab_size} must lie in [1, "
-                         f"{config.teacher_vocab_size}]")
+        raise ValueError(
+            f"draft vocabulary {config.draft_vocab_size} must lie in [1, "
+            f"{config.teacher_vocab_size}]"
+        )
     if not config.feature_layers:
         raise ValueError("feature_layers must name at least one teacher layer")
 
@@ -84,17 +100,27 @@ class Eagle3Config:
         check_head_config(self)
 
     @classmethod
-    def for_teacher(cls, teacher: LlamaConfig, draft_vocab_size: int,
-                    feature_layers: tuple[int, ...] | None = None) -> "Eagle3Config":
+    def for_teacher(
+        cls,
+        teacher: LlamaConfig,
+        draft_vocab_size: int,
+        feature_layers: tuple[int, ...] | None = None,
+    ) -> "Eagle3Config":
         """A head shaped like one teacher layer; layers ``(2, L // 2, L - 3)`` by default."""
         if feature_layers is None:
             feature_layers = default_feature_layers(teacher.num_layers)
-        return cls(hidden_size=teacher.hidden_size, num_heads=teacher.num_heads,
-                   num_kv_heads=teacher.num_kv_heads, head_dim=teacher.head_dim,
-                   intermediate_size=teacher.intermediate_size,
-                   draft_vocab_size=draft_vocab_size, teacher_vocab_size=teacher.vocab_size,
-                   feature_layers=tuple(feature_layers), rope_theta=teacher.rope_theta,
-                   rms_norm_eps=teacher.rms_norm_eps)
+        return cls(
+            hidden_size=teacher.hidden_size,
+            num_heads=teacher.num_heads,
+            num_kv_heads=teacher.num_kv_heads,
+            head_dim=teacher.head_dim,
+            intermediate_size=teacher.intermediate_size,
+            draft_vocab_size=draft_vocab_size,
+            teacher_vocab_size=teacher.vocab_size,
+            feature_layers=tuple(feature_layers),
+            rope_theta=teacher.rope_theta,
+            rms_norm_eps=teacher.rms_norm_eps,
+        )
 
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "feature_layers": list(self.feature_layers)}
@@ -107,15 +133,31 @@ class Eagle3Config:
         """Expected shape of every head weight."""
         h, f, i = self.hidden_size, len(self.feature_layers), self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return {"fc": (f * h, h), "embed_norm": (h,), "feature_norm": (h,), "wq": (2 * h, q),
-                "wk": (2 * h, kv), "wv": (2 * h, kv), "wo": (q, h), "mlp_norm": (h,),
-                "w_gate": (h, i), "w_up": (h, i), "w_down": (i, h), "final_norm": (h,),
-                "lm_head": (h, self.draft_vocab_size)}
+        return {
+            "fc": (f * h, h),
+            "embed_norm": (h,),
+            "feature_norm": (h,),
+            "wq": (2 * h, q),
+            "wk": (2 * h, kv),
+            "wv": (2 * h, kv),
+            "wo": (q, h),
+            "mlp_norm": (h,),
+            "w_gate": (h, i),
+            "w_up": (h, i),
+            "w_down": (i, h),
+            "final_norm": (h,),
+            "lm_head": (h, self.draft_vocab_size),
+        }
 
 
-def init_head(config: Eagle3Config, key: Array, *, embed: Float[Array, "V H"] | None = None,
-              d2t: Int[Array, "Vd"] | None = None,
-              final_norm: Float[Array, "H"] | None = None) -> dict:
+def init_head(
+    config: Eagle3Config,
+    key: Array,
+    *,
+    embed: Float[Array, "V H"] | None = None,
+    d2t: Int[Array, " Vd"] | None = None,
+    final_norm: Float[Array, " H"] | None = None,
+) -> dict:
     """Random head weights (float32); ``lm_head`` / ``final_norm`` start from the teacher's
     tied embedding rows of the draft vocabulary and final norm when given (a warm start: the
     head then only has to learn to predict the next residual stream)."""
@@ -142,7 +184,7 @@ def init_head(config: Eagle3Config, key: Array, *, embed: Float[Array, "V H"] | 
     return head
 
 
-def make_params(head: dict, embed: Float[Array, "V H"], d2t: Int[Array, "Vd"]) -> dict:
+def make_params(head: dict, embed: Float[Array, "V H"], d2t: Int[Array, " Vd"]) -> dict:
     """The drafter's parameter pytree: trained head, frozen teacher embedding, draft map."""
     return {"head": head, "embed": embed, "d2t": jnp.asarray(d2t, jnp.int32)}
 
@@ -150,7 +192,7 @@ def make_params(head: dict, embed: Float[Array, "V H"], d2t: Int[Array, "Vd"]) -
 # ----------------------------------------------------------------------------- layer pieces
 
 
-def _rms(x: Float[Array, "... H"], weight: Float[Array, "H"], eps: float) -> Float[Array, "... H"]:
+def _rms(x: Float[Array, "... H"], weight: Float[Array, " H"], eps: float) -> Float[Array, "... H"]:
     xf = x.astype(jnp.float32)
     normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + jnp.float32(eps))
     return normed * weight.astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
@@ -162,13 +204,18 @@ def fuse(head: dict, features: Float[Array, "T F H"]) -> Float[Array, "T H"]:
     return features.reshape(t, -1).astype(jnp.float32) @ head["fc"]
 
 
-def project(head: dict, config: Eagle3Config, emb: Float[Array, "T H"], feat: Float[Array, "T H"],
-            positions: Int[Array, "T"]
-            ) -> tuple[Float[Array, "T Nq Dh"], Float[Array, "T Nk Dh"], Float[Array, "T Nk Dh"]]:
+def project(
+    head: dict,
+    config: Eagle3Config,
+    emb: Float[Array, "T H"],
+    feat: Float[Array, "T H"],
+    positions: Int[Array, " T"],
+) -> tuple[Float[Array, "T Nq Dh"], Float[Array, "T Nk Dh"], Float[Array, "T Nk Dh"]]:
     """Rotated queries/keys and values of slots from ``[norm(emb), norm(feat)]``."""
     eps = config.rms_norm_eps
-    x = jnp.concatenate([_rms(emb, head["embed_norm"], eps),
-                         _rms(feat, head["feature_norm"], eps)], axis=-1)
+    x = jnp.concatenate(
+        [_rms(emb, head["embed_norm"], eps), _rms(feat, head["feature_norm"], eps)], axis=-1
+    )
     t, dh = x.shape[0], config.head_dim
     q = (x @ head["wq"]).reshape(t, config.num_heads, dh)
     k = (x @ head["wk"]).reshape(t, config.num_kv_heads, dh)
@@ -177,8 +224,9 @@ def project(head: dict, config: Eagle3Config, emb: Float[Array, "T H"], feat: Fl
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def finish(head: dict, config: Eagle3Config, feat: Float[Array, "T H"],
-           attn: Float[Array, "T Nq Dh"]) -> Float[Array, "T H"]:
+def finish(
+    head: dict, config: Eagle3Config, feat: Float[Array, "T H"], attn: Float[Array, "T Nq Dh"]
+) -> Float[Array, "T H"]:
     """Output projection on the feature residual, then the MLP block: the hidden ``h``."""
     h = feat.astype(jnp.float32) + attn.reshape(attn.shape[0], -1) @ head["wo"]
     x = _rms(h, head["mlp_norm"], config.rms_norm_eps)
@@ -190,15 +238,21 @@ def draft_logits(head: dict, config: Eagle3Config, h: Float[Array, "T H"]) -> Fl
     return _rms(h, head["final_norm"], config.rms_norm_eps) @ head["lm_head"]
 
 
-def _scores(config: Eagle3Config, q: Float[Array, "T Nq Dh"], k: Float[Array, "S Nk Dh"]
-            ) -> Float[Array, "T Nq S"]:
+def _scores(
+    config: Eagle3Config, q: Float[Array, "T Nq Dh"], k: Float[Array, "S Nk Dh"]
+) -> Float[Array, "T Nq S"]:
     group = config.num_heads // config.num_kv_heads
     k = jnp.repeat(k, group, axis=1)
     return jnp.einsum("tnd,snd->tns", q, k) / jnp.float32(math.sqrt(config.head_dim))
 
 
-def attend(config: Eagle3Config, q: Float[Array, "T Nq Dh"], k: Float[Array, "S Nk Dh"],
-           v: Float[Array, "S Nk Dh"], mask: Bool[Array, "T S"]) -> Float[Array, "T Nq Dh"]:
+def attend(
+    config: Eagle3Config,
+    q: Float[Array, "T Nq Dh"],
+    k: Float[Array, "S Nk Dh"],
+    v: Float[Array, "S Nk Dh"],
+    mask: Bool[Array, "T S"],
+) -> Float[Array, "T Nq Dh"]:
     """Masked attention; a fully masked row gives zeros, never NaN."""
     s = _scores(config, q, k)
     s = jnp.where(mask[:, None, :], s, -jnp.inf)
@@ -212,9 +266,14 @@ def attend(config: Eagle3Config, q: Float[Array, "T Nq Dh"], k: Float[Array, "S 
 # ----------------------------------------------------------------------- training-time test
 
 
-def ttt_logits(head: dict, config: Eagle3Config, embed: Float[Array, "V H"],
-               features: Float[Array, "T F H"], tokens: Int[Array, "T"], steps: int
-               ) -> Float[Array, "K T Vd"]:
+def ttt_logits(
+    head: dict,
+    config: Eagle3Config,
+    embed: Float[Array, "V H"],
+    features: Float[Array, "T F H"],
+    tokens: Int[Array, " T"],
+    steps: int,
+) -> Float[Array, "K T Vd"]:
     """Draft logits of ``steps`` unrolled steps for every chain start ``s`` (one sequence).
 
     ``out[i, s]`` predicts ``tokens[s + i + 2]`` from the teacher features of slots ``<= s``
@@ -229,7 +288,7 @@ def ttt_logits(head: dict, config: Eagle3Config, embed: Float[Array, "V H"],
     base_k = base_v = None
     own_k, own_v, out = [], [], []
     for i in range(steps):
-        nxt = jnp.concatenate([tokens[i + 1:], jnp.zeros((i + 1,), tokens.dtype)])[:t]
+        nxt = jnp.concatenate([tokens[i + 1 :], jnp.zeros((i + 1,), tokens.dtype)])[:t]
         emb = embed[nxt].astype(jnp.float32)
         q, k, v = project(head, config, emb, feat, index + i)
         if i == 0:
@@ -240,8 +299,11 @@ def ttt_logits(head: dict, config: Eagle3Config, embed: Float[Array, "V H"],
         group = config.num_heads // config.num_kv_heads
         s0 = _scores(config, q, base_k)  # [T, Nq, T]
         s0 = jnp.where(causal[:, None, :], s0, -jnp.inf)
-        diag = [jnp.sum(q * jnp.repeat(kk, group, axis=1), axis=-1)
-                / jnp.float32(math.sqrt(config.head_dim)) for kk in own_k]  # [T, Nq] each
+        diag = [
+            jnp.sum(q * jnp.repeat(kk, group, axis=1), axis=-1)
+            / jnp.float32(math.sqrt(config.head_dim))
+            for kk in own_k
+        ]  # [T, Nq] each
         scores = jnp.concatenate([s0] + [d[:, :, None] for d in diag], axis=-1)
         p = jax.nn.softmax(scores, axis=-1)
         attn = jnp.einsum("tns,snd->tnd", p[:, :, :t], jnp.repeat(base_v, group, axis=1))
@@ -264,7 +326,7 @@ class Eagle3State:
     v: Float[Array, "C Nk Dh"]  # [C, Nk, Dh]
     first: Int[Array, ""]  # first filled slot (earlier prompt positions had no features)
     length: Int[Array, ""]  # slots [first, length) are filled
-    last_hidden: Float[Array, "H"]  # h of slot length - 1: it predicts the root's child
+    last_hidden: Float[Array, " H"]  # h of slot length - 1: it predicts the root's child
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -290,8 +352,9 @@ class Eagle3Drafter(FeatureHeadDrafter):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
         if self.top_k > self.config.draft_vocab_size:
-            raise ValueError(f"top_k {self.top_k} exceeds the draft vocabulary "
-                             f"{self.config.draft_vocab_size}")
+            raise ValueError(
+                f"top_k {self.top_k} exceeds the draft vocabulary {self.config.draft_vocab_size}"
+            )
 
     def init_state(self, params: Any, context: DraftContext) -> Eagle3State:
         """Empty cache, then the prompt positions whose features the engine handed over."""
@@ -299,9 +362,13 @@ class Eagle3Drafter(FeatureHeadDrafter):
         c = context.tokens.shape[0]
         shape = (c, cfg.num_kv_heads, cfg.head_dim)
         first = jnp.maximum(context.num_tokens - 1 - context.num_features, 0)
-        empty = Eagle3State(k=jnp.zeros(shape, jnp.float32), v=jnp.zeros(shape, jnp.float32),
-                            first=first.astype(jnp.int32), length=first.astype(jnp.int32),
-                            last_hidden=jnp.zeros((cfg.hidden_size,), jnp.float32))
+        empty = Eagle3State(
+            k=jnp.zeros(shape, jnp.float32),
+            v=jnp.zeros(shape, jnp.float32),
+            first=first.astype(jnp.int32),
+            length=first.astype(jnp.int32),
+            last_hidden=jnp.zeros((cfg.hidden_size,), jnp.float32),
+        )
         return self.update(params, empty, context)
 
     def update(self, params: Any, state: Eagle3State, context: DraftContext) -> Eagle3State:
@@ -325,12 +392,17 @@ class Eagle3Drafter(FeatureHeadDrafter):
         h = finish(head, cfg, feat, attend(cfg, q, keys, values, mask))
         last = jnp.clip(nf - 1, 0, a - 1)
         last_hidden = jnp.where(nf > 0, h[last], state.last_hidden)
-        return Eagle3State(k=keys, v=values, first=state.first,
-                           length=(context.num_tokens - 1).astype(jnp.int32),
-                           last_hidden=last_hidden)
+        return Eagle3State(
+            k=keys,
+            v=values,
+            first=state.first,
+            length=(context.num_tokens - 1).astype(jnp.int32),
+            last_hidden=last_hidden,
+        )
 
-    def propose(self, params: Any, state: Eagle3State, context: DraftContext,
-                key: Array) -> Proposal:
+    def propose(
+        self, params: Any, state: Eagle3State, context: DraftContext, key: Array
+    ) -> Proposal:
         """An EAGLE-2-style dynamic tree of ``budget`` nodes (``budget + 1`` slots)."""
         cfg, head, d2t = self.config, params["head"], params["d2t"]
         kk, depth = self.top_k, self.depth
@@ -363,11 +435,17 @@ class Eagle3Drafter(FeatureHeadDrafter):
             draft_k = draft_k.at[rows].set(k)
             draft_v = draft_v.at[rows].set(v)
             buffer_row = jnp.arange(depth * kk, dtype=jnp.int32)
-            own = jnp.any((anc[:, :, None] == buffer_row[None, None, :]) & anc_live[:, :, None],
-                          axis=1)  # [K, D * K]: the node's ancestors and itself
+            own = jnp.any(
+                (anc[:, :, None] == buffer_row[None, None, :]) & anc_live[:, :, None], axis=1
+            )  # [K, D * K]: the node's ancestors and itself
             mask = jnp.concatenate([jnp.broadcast_to(committed[None, :], (kk, c)), own], axis=1)
-            attn = attend(cfg, q, jnp.concatenate([state.k, draft_k]),
-                          jnp.concatenate([state.v, draft_v]), mask)
+            attn = attend(
+                cfg,
+                q,
+                jnp.concatenate([state.k, draft_k]),
+                jnp.concatenate([state.v, draft_v]),
+                mask,
+            )
             h = finish(head, cfg, f_hidden, attn)
             logp = _safe_log_softmax(draft_logits(head, cfg, h))  # [K, Vd]
             child_score, child_ids = jax.lax.top_k(logp, kk)  # [K, K]
@@ -383,31 +461,49 @@ class Eagle3Drafter(FeatureHeadDrafter):
             f_score, f_hidden = best_score, h[parent_row]
             anc, anc_live = anc[parent_row], anc_live[parent_row]
             offset += kk * kk
-        return Proposal(tree=self._select(root, jnp.concatenate(pool_score),
-                                          jnp.concatenate(pool_token),
-                                          jnp.concatenate(pool_parent)))
+        return Proposal(
+            tree=self._select(
+                root,
+                jnp.concatenate(pool_score),
+                jnp.concatenate(pool_token),
+                jnp.concatenate(pool_parent),
+            )
+        )
 
-    def _select(self, root: Int[Array, ""], score: Float[Array, "P"], token: Int[Array, "P"],
-                parent: Int[Array, "P"]) -> tree_lib.Tree:
+    def _select(
+        self,
+        root: Int[Array, ""],
+        score: Float[Array, " P"],
+        token: Int[Array, " P"],
+        parent: Int[Array, " P"],
+    ) -> tree_lib.Tree:
         """The global top-``budget`` candidates as a tree; pool order is topological."""
         p, n = score.shape[0], self.budget
         score = jnp.where(jnp.isnan(score), -jnp.inf, score)
         take = min(n, p)
         _, chosen = jax.lax.top_k(score, take)
         chosen = jnp.sort(chosen).astype(jnp.int32)  # parents precede children in the pool
-        slot_of = jnp.zeros((p,), jnp.int32).at[chosen].set(
-            jnp.arange(1, take + 1, dtype=jnp.int32))
+        slot_of = (
+            jnp.zeros((p,), jnp.int32).at[chosen].set(jnp.arange(1, take + 1, dtype=jnp.int32))
+        )
         par_pool = jnp.clip(parent[chosen] - 1, 0, p - 1)
         par_slot = jnp.where(parent[chosen] == 0, 0, slot_of[par_pool])
         ok = jnp.isfinite(score[chosen]) & ((parent[chosen] == 0) | (par_slot > 0))
         pad = n - take
-        parents = jnp.concatenate([jnp.zeros((1,), jnp.int32), par_slot,
-                                   jnp.zeros((pad,), jnp.int32)])
+        parents = jnp.concatenate(
+            [jnp.zeros((1,), jnp.int32), par_slot, jnp.zeros((pad,), jnp.int32)]
+        )
         valid = jnp.concatenate([jnp.ones((1,), bool), ok, jnp.zeros((pad,), bool)])
-        tokens = jnp.concatenate([root[None].astype(jnp.int32), token[chosen].astype(jnp.int32),
-                                  jnp.zeros((pad,), jnp.int32)])
-        logscore = jnp.concatenate([jnp.zeros((1,), jnp.float32), score[chosen],
-                                    jnp.full((pad,), -jnp.inf, jnp.float32)])
+        tokens = jnp.concatenate(
+            [
+                root[None].astype(jnp.int32),
+                token[chosen].astype(jnp.int32),
+                jnp.zeros((pad,), jnp.int32),
+            ]
+        )
+        logscore = jnp.concatenate(
+            [jnp.zeros((1,), jnp.float32), score[chosen], jnp.full((pad,), -jnp.inf, jnp.float32)]
+        )
 
         # Validity closure (an invalid parent invalidates its subtree), so the tree is
         # well-formed even in reference mode, where from_parents checks instead of repairing.
@@ -416,8 +512,9 @@ class Eagle3Drafter(FeatureHeadDrafter):
 
         valid, _ = jax.lax.scan(close, valid, jnp.arange(1, n + 1, dtype=jnp.int32))
         parents = jnp.where(valid, parents, 0)
-        return tree_lib.from_parents(parents, tokens=tokens, valid=valid, logscore=logscore,
-                                     max_depth=self.depth)
+        return tree_lib.from_parents(
+            parents, tokens=tokens, valid=valid, logscore=logscore, max_depth=self.depth
+        )
 
 
 def _safe_log_softmax(logits: Float[Array, "... Vd"]) -> Float[Array, "... Vd"]:
@@ -429,8 +526,9 @@ def _safe_log_softmax(logits: Float[Array, "... Vd"]) -> Float[Array, "... Vd"]:
 SHIPPED_NAME = "eagle3_smollm2"
 
 
-def load_shipped_eagle3(teacher_params: dict | None = None, *, budget: int = 16, depth: int = 6,
-                        top_k: int = 4) -> tuple[Eagle3Drafter, dict]:
+def load_shipped_eagle3(
+    teacher_params: dict | None = None, *, budget: int = 16, depth: int = 6, top_k: int = 4
+) -> tuple[Eagle3Drafter, dict]:
     """The packaged head trained for SmolLM2-135M-Instruct: ``(drafter, params)``.
 
     Args:

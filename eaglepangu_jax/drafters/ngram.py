@@ -32,11 +32,11 @@ from eaglepangu_jax.engine.drafter import DraftContext, Proposal
 
 
 def match_lengths(
-    tokens: Int[ArrayLike, "C"],
+    tokens: Int[ArrayLike, " C"],
     num_tokens: Int[ArrayLike, ""],
     max_ngram: int,
     start: Int[ArrayLike, ""] = 0,
-) -> Int[Array, "C"]:
+) -> Int[Array, " C"]:
     """Length of the committed suffix that also ends at each earlier position.
 
     ``out[j]`` is the largest ``n <= max_ngram`` with
@@ -72,7 +72,7 @@ def match_lengths(
 
 
 def find_candidates(
-    tokens: Int[ArrayLike, "C"],
+    tokens: Int[ArrayLike, " C"],
     num_tokens: Int[ArrayLike, ""],
     start: Int[ArrayLike, ""] = 0,
     *,
@@ -80,7 +80,7 @@ def find_candidates(
     max_ngram: int,
     num_matches: int,
     depth: int,
-) -> tuple[Int[Array, "M D"], Int[Array, "M"], Int[Array, "M"]]:
+) -> tuple[Int[Array, "M D"], Int[Array, " M"], Int[Array, " M"]]:
     """The ``M`` best earlier occurrences of the suffix and the committed tokens after each.
 
     Occurrences lie in the visible committed window ``[start, num_tokens - 2]`` and are ranked
@@ -139,8 +139,10 @@ class NGramDrafter:
 
     def __post_init__(self):
         if self.min_ngram < 1 or self.max_ngram < self.min_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram="
-                             f"{self.min_ngram}, max_ngram={self.max_ngram}")
+            raise ValueError(
+                f"need 1 <= min_ngram <= max_ngram, got min_ngram="
+                f"{self.min_ngram}, max_ngram={self.max_ngram}"
+            )
         for field in ("depth", "num_matches", "budget"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
@@ -169,19 +171,30 @@ class NGramDrafter:
         """A tree of up to ``num_matches`` continuations (root only when nothing matches)."""
         return Proposal(tree=self.tree(context.tokens, context.num_tokens, context.start))
 
-    def tree(self, tokens: Int[ArrayLike, "C"], num_tokens: Int[ArrayLike, ""],
-             start: Int[ArrayLike, ""] = 0) -> tree_lib.Tree:
+    def tree(
+        self,
+        tokens: Int[ArrayLike, " C"],
+        num_tokens: Int[ArrayLike, ""],
+        start: Int[ArrayLike, ""] = 0,
+    ) -> tree_lib.Tree:
         """The proposed tree for a raw buffer (``budget + 1`` slots, depth ``depth``)."""
         tokens = jnp.asarray(tokens, jnp.int32)
         paths, path_len, match_len = find_candidates(
-            tokens, num_tokens, start, min_ngram=self.min_ngram, max_ngram=self.max_ngram,
-            num_matches=self.num_matches, depth=self.depth)
+            tokens,
+            num_tokens,
+            start,
+            min_ngram=self.min_ngram,
+            max_ngram=self.max_ngram,
+            num_matches=self.num_matches,
+            depth=self.depth,
+        )
         weight = self._weights(match_len)
         last = jnp.clip(jnp.asarray(num_tokens, jnp.int32) - 1, 0, tokens.shape[0] - 1)
-        return tree_lib.from_paths(tokens[last], paths, path_len, budget=self.budget,
-                                   path_weight=weight)
+        return tree_lib.from_paths(
+            tokens[last], paths, path_len, budget=self.budget, path_weight=weight
+        )
 
-    def _weights(self, match_len: Int[Array, "M"]) -> Float[Array, "M"]:
+    def _weights(self, match_len: Int[Array, " M"]) -> Float[Array, " M"]:
         exponent = jnp.maximum(match_len - 1, 0).astype(jnp.float32)
         weight = jnp.power(jnp.float32(self.length_weight), exponent)
         return jnp.where(match_len > 0, weight, 0.0)

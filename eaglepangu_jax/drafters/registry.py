@@ -16,8 +16,16 @@ from eaglepangu_jax.drafters.block import BlockDrafter
 from eaglepangu_jax.drafters.eagle3 import Eagle3Drafter
 from eaglepangu_jax.drafters.ngram import NGramDrafter
 
-__all__ = ["DRAFTERS", "NAMES", "TRAINED", "MARGINAL", "DrafterUnavailableError",
-           "make_drafter", "load_shipped", "configure_drafter"]
+__all__ = [
+    "DRAFTERS",
+    "NAMES",
+    "TRAINED",
+    "MARGINAL",
+    "DrafterUnavailableError",
+    "make_drafter",
+    "load_shipped",
+    "configure_drafter",
+]
 
 DRAFTERS: dict[str, type] = {
     "ngram": NGramDrafter,
@@ -50,8 +58,9 @@ def make_drafter(name: str, **kwargs: Any) -> Any:
         known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise ValueError(f"drafter {name!r} has no hyper-parameter(s) {unknown}; "
-                             f"known: {sorted(known)}")
+            raise ValueError(
+                f"drafter {name!r} has no hyper-parameter(s) {unknown}; known: {sorted(known)}"
+            )
     return cls(**kwargs)
 
 
@@ -63,15 +72,18 @@ def load_shipped(name: str, **kwargs: Any) -> tuple[Any, Any]:
         unreadable (the message says which).
     """
     if name not in TRAINED:
-        raise DrafterUnavailableError(f"the {name} drafter ships no trained weights; drafters "
-                                      f"with weights: {', '.join(TRAINED)}")
+        raise DrafterUnavailableError(
+            f"the {name} drafter ships no trained weights; drafters "
+            f"with weights: {', '.join(TRAINED)}"
+        )
     module = importlib.import_module(f"eaglepangu_jax.drafters.{name}")
     loader = getattr(module, f"load_shipped_{name}")
     try:
         return loader(**kwargs)
     except (ImportError, OSError, ValueError, KeyError) as err:
-        raise DrafterUnavailableError(f"the {name} shipped weights could not be loaded: "
-                                      f"{err}") from err
+        raise DrafterUnavailableError(
+            f"the {name} shipped weights could not be loaded: {err}"
+        ) from err
 
 
 def configure_drafter(drafter: Any, *, budget: int, depth: int) -> Any:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def load_packaged(name: str, kind: str, teacher_params: dict | None
-                  ) -> tuple[Any, dict, Any, Any]:
+def load_packaged(name: str, kind: str, teacher_params: dict | None) -> tuple[Any, dict, Any, Any]:
     """``(config, trained weights, d2t, teacher embedding)`` of the packaged checkpoint
     ``name``, refused unless it was trained for the installed teacher file.
 
@@ -21,12 +20,13 @@ def load_packaged(name: str, kind: str, teacher_params: dict | None
     """
     from importlib import resources
 
-    from eaglepangu_jax.models import smollm2
     from eaglepangu_jax.drafters.checkpoint import load_checkpoint
+    from eaglepangu_jax.models import smollm2
 
     path = resources.files("eaglepangu_jax") / "weights" / name
-    config, head, d2t, _, _ = load_checkpoint(str(path), kind=kind,
-                                              fingerprint=smollm2.teacher_fingerprint())
+    config, head, d2t, _, _ = load_checkpoint(
+        str(path), kind=kind, fingerprint=smollm2.teacher_fingerprint()
+    )
     if teacher_params is None:
         _, teacher_params = smollm2.load_smollm2()
     return config, head, d2t, teacher_params["embed"]

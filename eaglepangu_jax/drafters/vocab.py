@@ -45,8 +45,9 @@ def token_counts(sequences: Iterable[Sequence[int]], vocab_size: int) -> np.ndar
     return counts
 
 
-def build_vocab(counts: np.ndarray, size: int, special_ids: Sequence[int] = (0, 1, 2)
-                ) -> DraftVocab:
+def build_vocab(
+    counts: np.ndarray, size: int, special_ids: Sequence[int] = (0, 1, 2)
+) -> DraftVocab:
     """The ``size`` draft tokens: specials, then by frequency (ties: lower id), then filler.
 
     Raises:
@@ -56,8 +57,10 @@ def build_vocab(counts: np.ndarray, size: int, special_ids: Sequence[int] = (0, 
     vocab_size = counts.shape[0]
     specials = list(dict.fromkeys(int(s) for s in special_ids))
     if not len(specials) <= size <= vocab_size:
-        raise ValueError(f"draft vocabulary size {size} must lie in [{len(specials)}, "
-                         f"{vocab_size}] (special tokens .. teacher vocabulary)")
+        raise ValueError(
+            f"draft vocabulary size {size} must lie in [{len(specials)}, "
+            f"{vocab_size}] (special tokens .. teacher vocabulary)"
+        )
     if any(not 0 <= s < vocab_size for s in specials):
         raise ValueError(f"special ids {specials} outside [0, {vocab_size})")
     # A stable sort on -count orders by frequency, ties by id; unseen ids come last by id,

@@ -8,7 +8,6 @@
 """
 
 from eaglepangu_jax.engine.config import POLICIES, SpecConfig
-from eaglepangu_jax.engine.drafter import DraftContext, Drafter, Proposal
 from eaglepangu_jax.engine.decode import (
     GenerationResult,
     GenerationStats,
@@ -18,6 +17,7 @@ from eaglepangu_jax.engine.decode import (
     result_from_state,
     sample_many,
 )
+from eaglepangu_jax.engine.drafter import DraftContext, Drafter, Proposal
 from eaglepangu_jax.engine.state import DecodeState
 
 __all__ = [

@@ -53,8 +53,9 @@ class SpecConfig:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown tree policy {self.policy!r}; known: {', '.join(POLICIES)}")
         if self.acceptance not in ACCEPTANCE:
-            raise ValueError(f"unknown acceptance {self.acceptance!r}; known: "
-                             f"{', '.join(ACCEPTANCE)}")
+            raise ValueError(
+                f"unknown acceptance {self.acceptance!r}; known: {', '.join(ACCEPTANCE)}"
+            )
         if self.budget < 1:
             raise ValueError(f"budget must be >= 1 tree node, got {self.budget}")
         if self.depth < 1:
@@ -72,8 +73,7 @@ class SpecConfig:
                 raise ValueError("policy 'static' needs choices (rank paths)")
             prefixes = {tuple(c[:k]) for c in self.choices for k in range(1, len(c) + 1)}
             if len(prefixes) > self.budget:
-                raise ValueError(f"choices make {len(prefixes)} nodes, above budget "
-                                 f"{self.budget}")
+                raise ValueError(f"choices make {len(prefixes)} nodes, above budget {self.budget}")
             if max(len(c) for c in self.choices) > self.depth:
                 raise ValueError(f"choices are deeper than depth {self.depth}")
         if self.draft_window is not None and self.draft_window < 1:

@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from eaglepangu_jax import cache as cache_lib
+from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax import mode
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.state import DecodeState
 from eaglepangu_jax.engine.step import StepStatic, run_rounds, run_rounds_batched
-from eaglepangu_jax import mask as mask_lib
-from eaglepangu_jax import mode
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 
@@ -99,25 +99,31 @@ def validate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: Sp
         raise ValueError("the prompt is empty: at least one token is needed")
     bad = [t for t in prompt_ids if not 0 <= int(t) < cfg.vocab_size]
     if bad:
-        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, "
-                         f"{cfg.vocab_size})")
+        raise ValueError(
+            f"prompt token ids {bad[:5]} are outside the vocabulary [0, {cfg.vocab_size})"
+        )
     if len(prompt_ids) > cfg.max_position:
-        raise ValueError(f"the prompt has {len(prompt_ids)} tokens, longer than the teacher's "
-                         f"context of {cfg.max_position}")
+        raise ValueError(
+            f"the prompt has {len(prompt_ids)} tokens, longer than the teacher's "
+            f"context of {cfg.max_position}"
+        )
     total = needed_slots(len(prompt_ids), spec)
     if total > cfg.max_position:
         raise ValueError(
             f"prompt ({len(prompt_ids)}) + max_new_tokens ({spec.max_new_tokens}) + tree "
             f"budget ({spec.budget}) + depth ({spec.depth}) needs {total} positions, more than "
-            f"the teacher's context of {cfg.max_position}")
+            f"the teacher's context of {cfg.max_position}"
+        )
     if drafter is not None:
         if spec.depth > drafter.max_depth:
-            raise ValueError(f"depth {spec.depth} is above the drafter's maximum "
-                             f"{drafter.max_depth}")
+            raise ValueError(
+                f"depth {spec.depth} is above the drafter's maximum {drafter.max_depth}"
+            )
         for layer in drafter.feature_layers:
             if not 0 <= layer < cfg.num_layers:
-                raise ValueError(f"drafter wants teacher layer {layer}, the teacher has "
-                                 f"{cfg.num_layers}")
+                raise ValueError(
+                    f"drafter wants teacher layer {layer}, the teacher has {cfg.num_layers}"
+                )
 
 
 PREFILL_CHUNK = 64
@@ -128,13 +134,20 @@ def _prefill_chunk(params, tokens, kv, *, config, feature_layers, window):
     start = kv.length
     positions = start + jnp.arange(tokens.shape[0], dtype=jnp.int32)
     attend = mask_lib.causal_mask(tokens.shape[0], start, window)
-    _, feats, kv = llama.forward(params, tokens, positions, kv, attend, config=config,
-                                 feature_layers=feature_layers)
+    _, feats, kv = llama.forward(
+        params, tokens, positions, kv, attend, config=config, feature_layers=feature_layers
+    )
     return cache_lib.advance(kv, tokens.shape[0]), feats
 
 
-def prefill(params: dict, config: LlamaConfig, prompt: np.ndarray, kv: cache_lib.KVCache, *,
-            feature_layers: tuple[int, ...] = ()) -> tuple[cache_lib.KVCache, jax.Array]:
+def prefill(
+    params: dict,
+    config: LlamaConfig,
+    prompt: np.ndarray,
+    kv: cache_lib.KVCache,
+    *,
+    feature_layers: tuple[int, ...] = (),
+) -> tuple[cache_lib.KVCache, jax.Array]:
     """Feed ``prompt`` in fixed-size chunks (one compilation per window) and commit it.
 
     Returns the cache and the tapped features of every prompt token ``[P, F, H]``. The last
@@ -143,43 +156,81 @@ def prefill(params: dict, config: LlamaConfig, prompt: np.ndarray, kv: cache_lib
     """
     feats = []
     for begin in range(0, len(prompt), PREFILL_CHUNK):
-        chunk = prompt[begin: begin + PREFILL_CHUNK]
+        chunk = prompt[begin : begin + PREFILL_CHUNK]
         real = len(chunk)
         padded = np.zeros((PREFILL_CHUNK,), np.int32)
         padded[:real] = chunk
         window = window_for(begin + PREFILL_CHUNK, kv.num_slots)
         if begin + PREFILL_CHUNK > kv.num_slots:
-            raise ValueError(f"prefill chunk ends at {begin + PREFILL_CHUNK}, past the cache's "
-                             f"{kv.num_slots} slots")
-        kv, f = _prefill_chunk(params, jnp.asarray(padded), kv, config=config,
-                               feature_layers=tuple(feature_layers), window=window)
+            raise ValueError(
+                f"prefill chunk ends at {begin + PREFILL_CHUNK}, past the cache's "
+                f"{kv.num_slots} slots"
+            )
+        kv, f = _prefill_chunk(
+            params,
+            jnp.asarray(padded),
+            kv,
+            config=config,
+            feature_layers=tuple(feature_layers),
+            window=window,
+        )
         kv = cache_lib.truncate(kv, begin + real)
         feats.append(f[:real])
     return kv, jnp.concatenate(feats, axis=0)
 
 
-def init_state(teacher: Teacher, drafter: Any, draft_params: Any, prompt_ids: Sequence[int],
-               spec: SpecConfig, *, capacity: int, key: jax.Array) -> DecodeState:
+def init_state(
+    teacher: Teacher,
+    drafter: Any,
+    draft_params: Any,
+    prompt_ids: Sequence[int],
+    spec: SpecConfig,
+    *,
+    capacity: int,
+    key: jax.Array,
+) -> DecodeState:
     """Prefill ``prompt[:-1]`` and build the state whose root is the prompt's last token."""
     cfg = teacher.config
     prompt = np.asarray(prompt_ids, np.int32)
     n_feat = len(drafter.feature_layers) if drafter is not None else 0
-    kv = cache_lib.init(cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim,
-                        teacher.params["embed"].dtype)
-    features = jnp.zeros((spec.depth + 1, n_feat, cfg.hidden_size),
-                         teacher.params["embed"].dtype)
+    kv = cache_lib.init(
+        cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim, teacher.params["embed"].dtype
+    )
+    features = jnp.zeros((spec.depth + 1, n_feat, cfg.hidden_size), teacher.params["embed"].dtype)
     prefill_features = features[:0]
     if len(prompt) > 1:
         kv, prefill_features = prefill(
-            teacher.params, cfg, prompt[:-1], kv,
-            feature_layers=drafter.feature_layers if drafter is not None else ())
-    return state_after_prefill(prompt, kv, features, prefill_features, drafter, draft_params,
-                               spec, capacity=capacity, key=key)
+            teacher.params,
+            cfg,
+            prompt[:-1],
+            kv,
+            feature_layers=drafter.feature_layers if drafter is not None else (),
+        )
+    return state_after_prefill(
+        prompt,
+        kv,
+        features,
+        prefill_features,
+        drafter,
+        draft_params,
+        spec,
+        capacity=capacity,
+        key=key,
+    )
 
 
-def state_after_prefill(prompt: np.ndarray, cache: Any, features: jax.Array,
-                        prefill_features: jax.Array, drafter: Any, draft_params: Any,
-                        spec: SpecConfig, *, capacity: int, key: jax.Array) -> DecodeState:
+def state_after_prefill(
+    prompt: np.ndarray,
+    cache: Any,
+    features: jax.Array,
+    prefill_features: jax.Array,
+    drafter: Any,
+    draft_params: Any,
+    spec: SpecConfig,
+    *,
+    capacity: int,
+    key: jax.Array,
+) -> DecodeState:
     """The state whose root is the prompt's last token, ``prompt[:-1]`` already prefilled.
 
     Args:
@@ -195,21 +246,30 @@ def state_after_prefill(prompt: np.ndarray, cache: Any, features: jax.Array,
     buffer[: len(prompt)] = prompt
     rounds_cap = spec.max_new_tokens + 1
     state = DecodeState(
-        tokens=jnp.asarray(buffer), num_tokens=jnp.int32(len(prompt)),
-        prompt_len=jnp.int32(len(prompt)), cache=cache, features=features,
-        num_features=jnp.int32(take), drafter_state=None, key=key,
-        rounds=jnp.int32(0), done=jnp.bool_(False),
+        tokens=jnp.asarray(buffer),
+        num_tokens=jnp.int32(len(prompt)),
+        prompt_len=jnp.int32(len(prompt)),
+        cache=cache,
+        features=features,
+        num_features=jnp.int32(take),
+        drafter_state=None,
+        key=key,
+        rounds=jnp.int32(0),
+        done=jnp.bool_(False),
         accepted_log=jnp.full((rounds_cap,), -1, jnp.int32),
-        nodes_log=jnp.full((rounds_cap,), -1, jnp.int32))
+        nodes_log=jnp.full((rounds_cap,), -1, jnp.int32),
+    )
     if drafter is not None:
         # The drafter's own cache is built from the features of the *whole* prompt (EAGLE
         # heads need long-range context), not only the last depth + 1 rows the loop carries.
         context = state.context(spec.draft_window)
         if prefill_features.shape[0] > 0:  # a one-token prompt has none
-            context = dataclasses.replace(context, features=prefill_features,
-                                          num_features=jnp.int32(prefill_features.shape[0]))
-        state = dataclasses.replace(state, drafter_state=drafter.init_state(draft_params,
-                                                                            context))
+            context = dataclasses.replace(
+                context,
+                features=prefill_features,
+                num_features=jnp.int32(prefill_features.shape[0]),
+            )
+        state = dataclasses.replace(state, drafter_state=drafter.init_state(draft_params, context))
     return state
 
 
@@ -217,8 +277,9 @@ _run = jax.jit(run_rounds, static_argnums=(0,), donate_argnums=(3,))
 _run_batched = jax.jit(run_rounds_batched, static_argnums=(0,), donate_argnums=(3,))
 
 
-def _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id, batched,
-                 verify_latency=None):
+def _decode_loop(
+    teacher, drafter, draft_params, state, spec, capacity, eos_id, batched, verify_latency=None
+):
     """Drive the device loop through growing attention windows until every sequence stops."""
     need = 1 if drafter is None else spec.budget + 1
     while True:
@@ -227,16 +288,24 @@ def _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id, 
         if bool(np.all(done)) or length + need > capacity:
             return state
         window = window_for(length + need, capacity)
-        static = StepStatic(teacher=teacher.config, drafter=drafter, spec=spec, window=window,
-                            eos_id=eos_id, bucketed=not batched)
+        static = StepStatic(
+            teacher=teacher.config,
+            drafter=drafter,
+            spec=spec,
+            window=window,
+            eos_id=eos_id,
+            bucketed=not batched,
+        )
         # Reference mode: the invariant checks traced into the step raise on the host.
         runner = mode.checked(_run_batched if batched else _run)
-        state = runner(static, teacher.params, draft_params, state, jnp.int32(window),
-                       verify_latency)
+        state = runner(
+            static, teacher.params, draft_params, state, jnp.int32(window), verify_latency
+        )
 
 
-def finish_tokens(tokens: np.ndarray, prompt_len: int, num_tokens: int, spec: SpecConfig,
-                  eos_id: int) -> list[int]:
+def finish_tokens(
+    tokens: np.ndarray, prompt_len: int, num_tokens: int, spec: SpecConfig, eos_id: int
+) -> list[int]:
     """The generated ids of a token buffer: past the prompt, cut at ``max_new_tokens`` and
     after the first ``eos_id``."""
     new = tokens[prompt_len:num_tokens].tolist()[: spec.max_new_tokens]
@@ -245,30 +314,47 @@ def finish_tokens(tokens: np.ndarray, prompt_len: int, num_tokens: int, spec: Sp
     return new
 
 
-def result_from_state(state: DecodeState, prompt_len: int, spec: SpecConfig, eos_id: int, *,
-                      seconds: float, prefill_seconds: float,
-                      index: int | None = None) -> GenerationResult:
+def result_from_state(
+    state: DecodeState,
+    prompt_len: int,
+    spec: SpecConfig,
+    eos_id: int,
+    *,
+    seconds: float,
+    prefill_seconds: float,
+    index: int | None = None,
+) -> GenerationResult:
     """The :class:`GenerationResult` of a finished decode state (sequence ``index`` of a
     batched state), counted the same way for every backend: tokens cut after eos and at
     ``max_new_tokens``, accepted length = emitted tokens / verify rounds."""
     pick = (lambda x: np.asarray(x)) if index is None else (lambda x: np.asarray(x)[index])
-    new = finish_tokens(pick(state.tokens), prompt_len, int(pick(state.num_tokens)), spec,
-                        eos_id)
+    new = finish_tokens(pick(state.tokens), prompt_len, int(pick(state.num_tokens)), spec, eos_id)
     rounds = int(pick(state.rounds))
     accepted = tuple(int(a) for a in pick(state.accepted_log)[:rounds])
     nodes = tuple(int(n) for n in pick(state.nodes_log)[:rounds])
     stats = GenerationStats(
-        new_tokens=len(new), rounds=rounds,
-        accepted_length=len(new) / rounds if rounds else 0.0, seconds=seconds,
+        new_tokens=len(new),
+        rounds=rounds,
+        accepted_length=len(new) / rounds if rounds else 0.0,
+        seconds=seconds,
         prefill_seconds=prefill_seconds,
         tokens_per_s=len(new) / seconds if seconds > 0 else float("inf"),
-        accepted_per_round=accepted, nodes_per_round=nodes)
+        accepted_per_round=accepted,
+        nodes_per_round=nodes,
+    )
     return GenerationResult(tokens=new, stats=stats)
 
 
-def generate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: SpecConfig, *,
-             draft_params: Any = None, verify_latency: Any = None,
-             stream: int = 0) -> GenerationResult:
+def generate(
+    teacher: Teacher,
+    drafter: Any,
+    prompt_ids: Sequence[int],
+    spec: SpecConfig,
+    *,
+    draft_params: Any = None,
+    verify_latency: Any = None,
+    stream: int = 0,
+) -> GenerationResult:
     """Generate a continuation of ``prompt_ids`` (a list of token ids).
 
     Args:
@@ -290,21 +376,44 @@ def generate(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: Sp
     eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
     capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
     t0 = time.perf_counter()
-    state = init_state(teacher, drafter, draft_params, prompt_ids, spec, capacity=capacity,
-                       key=jax.random.fold_in(jax.random.key(spec.seed), stream))
+    state = init_state(
+        teacher,
+        drafter,
+        draft_params,
+        prompt_ids,
+        spec,
+        capacity=capacity,
+        key=jax.random.fold_in(jax.random.key(spec.seed), stream),
+    )
     jax.block_until_ready(state)
     t1 = time.perf_counter()
-    state = _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id,
-                         batched=False, verify_latency=verify_latency)
+    state = _decode_loop(
+        teacher,
+        drafter,
+        draft_params,
+        state,
+        spec,
+        capacity,
+        eos_id,
+        batched=False,
+        verify_latency=verify_latency,
+    )
     jax.block_until_ready(state)
     t2 = time.perf_counter()
-    return result_from_state(state, len(prompt_ids), spec, eos_id, seconds=t2 - t1,
-                             prefill_seconds=t1 - t0)
+    return result_from_state(
+        state, len(prompt_ids), spec, eos_id, seconds=t2 - t1, prefill_seconds=t1 - t0
+    )
 
 
-def generate_batch(teacher: Teacher, drafter: Any, prompts: Sequence[Sequence[int]],
-                   spec: SpecConfig, *, draft_params: Any = None,
-                   verify_latency: Any = None) -> list[GenerationResult]:
+def generate_batch(
+    teacher: Teacher,
+    drafter: Any,
+    prompts: Sequence[Sequence[int]],
+    spec: SpecConfig,
+    *,
+    draft_params: Any = None,
+    verify_latency: Any = None,
+) -> list[GenerationResult]:
     """Generate for several prompts at once (``vmap``): each sequence keeps its own tree,
     committed length and stopping point; results equal per-prompt :func:`generate` calls.
     Timings are for the whole batch."""
@@ -315,27 +424,56 @@ def generate_batch(teacher: Teacher, drafter: Any, prompts: Sequence[Sequence[in
     eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
     capacity = max(cache_slots(len(p), spec, teacher.config.max_position) for p in prompts)
     t0 = time.perf_counter()
-    states = [init_state(teacher, drafter, draft_params, p, spec, capacity=capacity,
-                         key=jax.random.fold_in(jax.random.key(spec.seed), i))
-              for i, p in enumerate(prompts)]
+    states = [
+        init_state(
+            teacher,
+            drafter,
+            draft_params,
+            p,
+            spec,
+            capacity=capacity,
+            key=jax.random.fold_in(jax.random.key(spec.seed), i),
+        )
+        for i, p in enumerate(prompts)
+    ]
     state = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states)
     jax.block_until_ready(state)
     t1 = time.perf_counter()
-    state = _decode_loop(teacher, drafter, draft_params, state, spec, capacity, eos_id,
-                         batched=True, verify_latency=verify_latency)
+    state = _decode_loop(
+        teacher,
+        drafter,
+        draft_params,
+        state,
+        spec,
+        capacity,
+        eos_id,
+        batched=True,
+        verify_latency=verify_latency,
+    )
     jax.block_until_ready(state)
     t2 = time.perf_counter()
-    return [result_from_state(state, len(p), spec, eos_id, seconds=t2 - t1,
-                              prefill_seconds=t1 - t0, index=i)
-            for i, p in enumerate(prompts)]
+    return [
+        result_from_state(
+            state, len(p), spec, eos_id, seconds=t2 - t1, prefill_seconds=t1 - t0, index=i
+        )
+        for i, p in enumerate(prompts)
+    ]
 
 
 SAMPLE_CHUNK = 64  # streams decoded together by sample_many (see there)
 
 
-def sample_many(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec: SpecConfig,
-                num_samples: int, *, draft_params: Any = None,
-                verify_latency: Any = None, chunk: int = SAMPLE_CHUNK) -> list[list[int]]:
+def sample_many(
+    teacher: Teacher,
+    drafter: Any,
+    prompt_ids: Sequence[int],
+    spec: SpecConfig,
+    num_samples: int,
+    *,
+    draft_params: Any = None,
+    verify_latency: Any = None,
+    chunk: int = SAMPLE_CHUNK,
+) -> list[list[int]]:
     """``num_samples`` independent generations of one prompt, prefilled once.
 
     Sample ``i`` uses random stream ``i`` (as :func:`generate` with ``stream=i``), so with
@@ -351,8 +489,15 @@ def sample_many(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec:
     validate(teacher, drafter, prompt_ids, spec)
     eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
     capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
-    state = init_state(teacher, drafter, draft_params, prompt_ids, spec, capacity=capacity,
-                       key=jax.random.key(spec.seed))
+    state = init_state(
+        teacher,
+        drafter,
+        draft_params,
+        prompt_ids,
+        spec,
+        capacity=capacity,
+        key=jax.random.key(spec.seed),
+    )
     size = min(chunk, num_samples)
     results: list[list[int]] = []
     for begin in range(0, num_samples, size):
@@ -361,10 +506,20 @@ def sample_many(teacher: Teacher, drafter: Any, prompt_ids: Sequence[int], spec:
         batch = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (size,) + x.shape), state)
         streams = jnp.arange(begin, begin + size, dtype=jnp.int32)
         keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(spec.seed), i))(streams)
-        done = _decode_loop(teacher, drafter, draft_params,
-                            dataclasses.replace(batch, key=keys), spec, capacity, eos_id,
-                            batched=True, verify_latency=verify_latency)
+        done = _decode_loop(
+            teacher,
+            drafter,
+            draft_params,
+            dataclasses.replace(batch, key=keys),
+            spec,
+            capacity,
+            eos_id,
+            batched=True,
+            verify_latency=verify_latency,
+        )
         tokens, num = np.asarray(done.tokens), np.asarray(done.num_tokens)
-        results += [finish_tokens(tokens[i], len(prompt_ids), int(num[i]), spec, eos_id)
-                    for i in range(min(size, num_samples - begin))]
+        results += [
+            finish_tokens(tokens[i], len(prompt_ids), int(num[i]), spec, eos_id)
+            for i in range(min(size, num_samples - begin))
+        ]
     return results

@@ -29,7 +29,7 @@ from eaglepangu_jax.tree import Tree
 class DraftContext:
     """What a drafter may look at when proposing (all committed, nothing speculative)."""
 
-    tokens: Int[Array, "C"]  # [C] prompt + emitted tokens; tokens[num_tokens - 1] is the root
+    tokens: Int[Array, " C"]  # [C] prompt + emitted tokens; tokens[num_tokens - 1] is the root
     num_tokens: Int[Array, ""]  # valid entries of ``tokens`` (root included)
     # Teacher features of the tokens accepted in the last round, oldest first: row r belongs to
     # position num_tokens - 1 - num_features + r. The root has none yet (it was never fed).

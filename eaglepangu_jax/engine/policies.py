@@ -38,13 +38,14 @@ def fit(tree: tree_lib.Tree, spec: SpecConfig) -> tree_lib.Tree:
     if tree.num_slots != spec.budget + 1 or tree.max_depth != spec.depth:
         raise ValueError(
             f"drafter tree has {tree.num_slots} slots / depth {tree.max_depth}, the engine "
-            f"expects budget + 1 = {spec.budget + 1} slots / depth {spec.depth}")
+            f"expects budget + 1 = {spec.budget + 1} slots / depth {spec.depth}"
+        )
     return tree
 
 
 def controller_budget(
     candidate: tree_lib.Tree,
-    verify_latency: Float[Array, "N"],
+    verify_latency: Float[Array, " N"],
     t_draft: Float[Array, ""],
     t_other: Float[Array, ""],
 ) -> Int[Array, ""]:
@@ -54,7 +55,7 @@ def controller_budget(
 
 def prune_by_controller(
     tree: tree_lib.Tree,
-    verify_latency: Float[Array, "N"],
+    verify_latency: Float[Array, " N"],
     t_draft: Float[Array, ""] | float = 0.0,
     t_other: Float[Array, ""] | float = 0.0,
 ) -> tree_lib.Tree:
@@ -67,12 +68,11 @@ def prune_by_controller(
     """
     scores = jnp.where(tree.valid[1:], tree.logscore[1:], -jnp.inf)
     scores = -jnp.sort(-jnp.where(jnp.isnan(scores), -jnp.inf, scores))
-    n = budget_lib.choose_budget(scores, verify_latency, jnp.float32(t_draft),
-                                 jnp.float32(t_other))
+    n = budget_lib.choose_budget(scores, verify_latency, jnp.float32(t_draft), jnp.float32(t_other))
     return tree_lib.keep_best(tree, n)
 
 
-def _need_latency(verify_latency: Float[Array, "N"] | None) -> Float[Array, "N"]:
+def _need_latency(verify_latency: Float[Array, " N"] | None) -> Float[Array, " N"]:
     if verify_latency is None:
         raise ValueError("policy 'auto' needs the verify latency curve (a calibration)")
     return verify_latency
@@ -83,7 +83,7 @@ def build_tree(
     root_token: Int[Array, ""],
     spec: SpecConfig,
     *,
-    verify_latency: Float[Array, "N"] | None = None,
+    verify_latency: Float[Array, " N"] | None = None,
     t_draft: Float[Array, ""] | float = 0.0,
     t_other: Float[Array, ""] | float = 0.0,
 ) -> tuple[tree_lib.Tree, Int[Array, ""]]:
@@ -106,18 +106,25 @@ def build_tree(
         return tree, jnp.sum(tree.valid[1:]).astype(jnp.int32)
     marginals = proposal.marginals[: spec.depth]
     if marginals.shape[0] < spec.depth:
-        raise ValueError(f"drafter gives {marginals.shape[0]} depths, the engine asks for "
-                         f"depth {spec.depth}")
+        raise ValueError(
+            f"drafter gives {marginals.shape[0]} depths, the engine asks for depth {spec.depth}"
+        )
     if spec.policy == "best_first":
         tree = scoring.best_first(marginals, root_token, budget=spec.budget, top_k=spec.top_k)
         return tree, jnp.sum(tree.valid[1:]).astype(jnp.int32)
     if spec.policy == "auto":
         full = scoring.best_first(marginals, root_token, budget=spec.budget, top_k=spec.top_k)
-        n = controller_budget(full, _need_latency(verify_latency), jnp.float32(t_draft),
-                              jnp.float32(t_other))
+        n = controller_budget(
+            full, _need_latency(verify_latency), jnp.float32(t_draft), jnp.float32(t_other)
+        )
         keep = jnp.arange(spec.budget + 1) <= n
-        tree = tree_lib.from_parents(full.parents, tokens=full.tokens, valid=full.valid & keep,
-                                     logscore=full.logscore, max_depth=spec.depth)
+        tree = tree_lib.from_parents(
+            full.parents,
+            tokens=full.tokens,
+            valid=full.valid & keep,
+            logscore=full.logscore,
+            max_depth=spec.depth,
+        )
         return tree, n
     if spec.policy == "static":
         tree = static_tree(marginals, root_token, spec)
@@ -125,8 +132,9 @@ def build_tree(
     raise ValueError(f"policy {spec.policy!r} needs a tree-proposing drafter")
 
 
-def static_tree(marginals: Float[Array, "D V"], root_token: Int[Array, ""], spec: SpecConfig
-                ) -> tree_lib.Tree:
+def static_tree(
+    marginals: Float[Array, "D V"], root_token: Int[Array, ""], spec: SpecConfig
+) -> tree_lib.Tree:
     """The fixed ``spec.choices`` topology, each node taking the token of its rank at its
     depth under the factorised marginals (topology is host-side and static)."""
     topology, rank = tree_lib.from_choices(spec.choices, max_depth=spec.depth)
@@ -141,6 +149,10 @@ def static_tree(marginals: Float[Array, "D V"], root_token: Int[Array, ""], spec
     row = jnp.clip(depth - 1, 0, spec.depth - 1)
     tokens = top_tok[row, rank].at[0].set(root_token)
     token_lp = top_lp[row, rank].at[0].set(0.0)
-    return tree_lib.from_parents(parents, tokens=tokens, valid=valid,
-                                 logscore=scoring.path_logscores(parents, token_lp),
-                                 max_depth=spec.depth)
+    return tree_lib.from_parents(
+        parents,
+        tokens=tokens,
+        valid=valid,
+        logscore=scoring.path_logscores(parents, token_lp),
+        max_depth=spec.depth,
+    )

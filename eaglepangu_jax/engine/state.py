@@ -23,7 +23,7 @@ from eaglepangu_jax.engine.drafter import DraftContext
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DecodeState:
-    tokens: Int[Array, "C"]  # [C] prompt + emitted tokens, zero past num_tokens
+    tokens: Int[Array, " C"]  # [C] prompt + emitted tokens, zero past num_tokens
     num_tokens: Int[Array, ""]  # valid entries of tokens
     prompt_len: Int[Array, ""]  # tokens[:prompt_len] is the prompt
     cache: KVCache  # teacher KV cache, committed length == num_tokens - 1
@@ -33,8 +33,8 @@ class DecodeState:
     key: Array  # PRNG key for sampling and stochastic drafters
     rounds: Int[Array, ""]  # verify rounds so far
     done: Bool[Array, ""]  # eos emitted or max_new_tokens reached
-    accepted_log: Int[Array, "R"]  # [R] accepted draft nodes per round (-1 = no round)
-    nodes_log: Int[Array, "R"]  # [R] tree nodes verified per round (root excluded)
+    accepted_log: Int[Array, " R"]  # [R] accepted draft nodes per round (-1 = no round)
+    nodes_log: Int[Array, " R"]  # [R] tree nodes verified per round (root excluded)
 
     @property
     def new_tokens(self) -> Int[Array, ""]:
@@ -45,5 +45,10 @@ class DecodeState:
         start = jnp.zeros((), jnp.int32)
         if draft_window is not None:
             start = jnp.maximum(self.num_tokens - draft_window, 0)
-        return DraftContext(tokens=self.tokens, num_tokens=self.num_tokens,
-                            features=self.features, num_features=self.num_features, start=start)
+        return DraftContext(
+            tokens=self.tokens,
+            num_tokens=self.num_tokens,
+            features=self.features,
+            num_features=self.num_features,
+            start=start,
+        )

@@ -18,10 +18,9 @@ from jaxtyping import Array, Float, Int
 
 from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import mask as mask_lib
-from eaglepangu_jax import mode
-from eaglepangu_jax.cache import KVCache
+from eaglepangu_jax import mode, verify
 from eaglepangu_jax import tree as tree_lib
-from eaglepangu_jax import verify
+from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.engine import policies
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal
@@ -70,13 +69,17 @@ def draft(static: StepStatic, draft_params: Any, state: DecodeState, key: Array)
     """The drafter's proposal for this round (empty for plain decoding)."""
     if static.drafter is None:
         return Proposal()
-    return static.drafter.propose(draft_params, state.drafter_state,
-                                  state.context(static.spec.draft_window), key)
+    return static.drafter.propose(
+        draft_params, state.drafter_state, state.context(static.spec.draft_window), key
+    )
 
 
-def shape_tree(static: StepStatic, proposal: Proposal, state: DecodeState,
-               verify_latency: Float[Array, "N"] | None
-               ) -> tuple[tree_lib.Tree, Int[Array, ""]]:
+def shape_tree(
+    static: StepStatic,
+    proposal: Proposal,
+    state: DecodeState,
+    verify_latency: Float[Array, " N"] | None,
+) -> tuple[tree_lib.Tree, Int[Array, ""]]:
     """This round's tree (root = the committed root token) and its node count."""
     spec = static.spec
     root = state.tokens[jnp.clip(state.num_tokens - 1, 0, state.tokens.shape[0] - 1)]
@@ -90,17 +93,26 @@ def shape_tree(static: StepStatic, proposal: Proposal, state: DecodeState,
     return tree, n
 
 
-def propose_tree(static: StepStatic, draft_params: Any, state: DecodeState, key: Array,
-                 verify_latency: Float[Array, "N"] | None
-                 ) -> tuple[tree_lib.Tree, Int[Array, ""], Proposal]:
+def propose_tree(
+    static: StepStatic,
+    draft_params: Any,
+    state: DecodeState,
+    key: Array,
+    verify_latency: Float[Array, " N"] | None,
+) -> tuple[tree_lib.Tree, Int[Array, ""], Proposal]:
     """:func:`draft` then :func:`shape_tree`."""
     proposal = draft(static, draft_params, state, key)
     tree, n = shape_tree(static, proposal, state, verify_latency)
     return tree, n, proposal
 
 
-def accept(static: StepStatic, tree: tree_lib.Tree, logits: Float[Array, "N V"], key: Array,
-           proposal: Proposal) -> verify.Acceptance:
+def accept(
+    static: StepStatic,
+    tree: tree_lib.Tree,
+    logits: Float[Array, "N V"],
+    key: Array,
+    proposal: Proposal,
+) -> verify.Acceptance:
     """Greedy or lossless-sampling acceptance, per the spec."""
     spec = static.spec
     if not spec.sampling:
@@ -108,8 +120,9 @@ def accept(static: StepStatic, tree: tree_lib.Tree, logits: Float[Array, "N V"],
     draft_probs = proposal.draft_probs
     if draft_probs is not None:
         draft_probs = draft_probs[: tree.num_slots]
-    return verify.sample(tree, logits, key, temperature=spec.temperature, top_p=spec.top_p,
-                         draft_probs=draft_probs)
+    return verify.sample(
+        tree, logits, key, temperature=spec.temperature, top_p=spec.top_p, draft_probs=draft_probs
+    )
 
 
 def slot_buckets(num_slots: int) -> tuple[int, ...]:
@@ -129,9 +142,14 @@ def truncate_tree(tree: tree_lib.Tree, num_slots: int) -> tree_lib.Tree:
     return jax.tree_util.tree_map(lambda x: x[:num_slots], tree)
 
 
-def verify_and_accept(static: StepStatic, params: dict, state: DecodeState,
-                      tree: tree_lib.Tree, proposal: Proposal, key: Array
-                      ) -> tuple[verify.Acceptance, Float[Array, "D+1 F H"], KVCache]:
+def verify_and_accept(
+    static: StepStatic,
+    params: dict,
+    state: DecodeState,
+    tree: tree_lib.Tree,
+    proposal: Proposal,
+    key: Array,
+) -> tuple[verify.Acceptance, Float[Array, "D+1 F H"], KVCache]:
     """Teacher forward over the tree (at the smallest bucket holding its valid nodes) and
     acceptance. Returns the acceptance, the teacher features along the accepted path, and the
     cache with the tree's K/V written (not yet committed)."""
@@ -144,10 +162,17 @@ def verify_and_accept(static: StepStatic, params: dict, state: DecodeState,
             small = truncate_tree(tree, size)
             attend = mask_lib.verify_mask(small, committed, static.window)
             logits, features, cache = llama.forward(
-                params, small.tokens, tree_lib.positions(small, committed), state.cache,
-                attend, config=static.teacher, feature_layers=static.feature_layers)
+                params,
+                small.tokens,
+                tree_lib.positions(small, committed),
+                state.cache,
+                attend,
+                config=static.teacher,
+                feature_layers=static.feature_layers,
+            )
             acc = accept(static, small, logits, key, proposal)
             return acc, features[acc.path], cache
+
         return run
 
     sizes = slot_buckets(tree.num_slots) if static.bucketed else (tree.num_slots,)
@@ -157,9 +182,16 @@ def verify_and_accept(static: StepStatic, params: dict, state: DecodeState,
     return jax.lax.switch(which, [branch(size) for size in sizes], None)
 
 
-def commit_round(static: StepStatic, draft_params: Any, state: DecodeState,
-                 acc: verify.Acceptance, path_features: Float[Array, "D+1 F H"],
-                 cache: KVCache, n_nodes: Int[Array, ""], key: Array) -> DecodeState:
+def commit_round(
+    static: StepStatic,
+    draft_params: Any,
+    state: DecodeState,
+    acc: verify.Acceptance,
+    path_features: Float[Array, "D+1 F H"],
+    cache: KVCache,
+    n_nodes: Int[Array, ""],
+    key: Array,
+) -> DecodeState:
     """Commit the accepted path, append the emitted tokens, update the drafter, stop flags."""
     spec = static.spec
     if static.drafter is None:
@@ -186,8 +218,12 @@ def commit_round(static: StepStatic, draft_params: Any, state: DecodeState,
         nodes_log=state.nodes_log.at[state.rounds].set(n_nodes, mode="drop"),
     )
     if static.drafter is not None:
-        new_state = dataclasses.replace(new_state, drafter_state=static.drafter.update(
-            draft_params, state.drafter_state, new_state.context(spec.draft_window)))
+        new_state = dataclasses.replace(
+            new_state,
+            drafter_state=static.drafter.update(
+                draft_params, state.drafter_state, new_state.context(spec.draft_window)
+            ),
+        )
     return new_state
 
 
@@ -196,16 +232,13 @@ def speculative_step(
     params: dict,
     draft_params: Any,
     state: DecodeState,
-    verify_latency: Float[Array, "N"] | None = None,
+    verify_latency: Float[Array, " N"] | None = None,
 ) -> tuple[DecodeState, RoundInfo]:
     """One round. The caller skips finished sequences (the loops below do)."""
     key, draft_key, accept_key = jax.random.split(state.key, 3)
-    tree, n_nodes, proposal = propose_tree(static, draft_params, state, draft_key,
-                                           verify_latency)
-    acc, path_features, cache = verify_and_accept(static, params, state, tree, proposal,
-                                                  accept_key)
-    new_state = commit_round(static, draft_params, state, acc, path_features, cache, n_nodes,
-                             key)
+    tree, n_nodes, proposal = propose_tree(static, draft_params, state, draft_key, verify_latency)
+    acc, path_features, cache = verify_and_accept(static, params, state, tree, proposal, accept_key)
+    new_state = commit_round(static, draft_params, state, acc, path_features, cache, n_nodes, key)
     return new_state, RoundInfo(tree=tree, acceptance=acc, num_nodes=n_nodes)
 
 
@@ -215,7 +248,7 @@ def run_rounds(
     draft_params: Any,
     state: DecodeState,
     limit: Int[Array, ""],
-    verify_latency: Float[Array, "N"] | None = None,
+    verify_latency: Float[Array, " N"] | None = None,
 ) -> DecodeState:
     """Run rounds on device until done or until the next tree might not fit ``limit`` slots.
 

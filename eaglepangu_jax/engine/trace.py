@@ -33,19 +33,35 @@ import numpy as np
 from eaglepangu_jax import budget as budget_lib
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax import tree as tree_lib
-from eaglepangu_jax.files import write_text_atomic
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal
 from eaglepangu_jax.engine.state import DecodeState
-from eaglepangu_jax.engine.step import (StepStatic, accept, commit_round, draft, shape_tree,
-                                        slot_buckets, truncate_tree)
+from eaglepangu_jax.engine.step import (
+    StepStatic,
+    accept,
+    commit_round,
+    draft,
+    shape_tree,
+    slot_buckets,
+    truncate_tree,
+)
+from eaglepangu_jax.files import write_text_atomic
 from eaglepangu_jax.models import llama
 
 PHASES = ("draft", "tree", "mask", "verify", "accept", "commit")
-TRACE_FIELDS = ("round", "committed_len", "tree_nodes", "tree_depth", "verified_slots", "budget",
-                "accepted",
-                "emitted", "seconds", "predicted_verify_s")
+TRACE_FIELDS = (
+    "round",
+    "committed_len",
+    "tree_nodes",
+    "tree_depth",
+    "verified_slots",
+    "budget",
+    "accepted",
+    "emitted",
+    "seconds",
+    "predicted_verify_s",
+)
 
 
 # ------------------------------------------------------------------------------ the phases
@@ -70,8 +86,15 @@ def _mask(tree: tree_lib.Tree, committed: jax.Array, window: int):
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=4)
 def _verify(static: StepStatic, params: dict, tokens, positions, cache, attend):
-    return llama.forward(params, tokens, positions, cache, attend, config=static.teacher,
-                         feature_layers=static.feature_layers)
+    return llama.forward(
+        params,
+        tokens,
+        positions,
+        cache,
+        attend,
+        config=static.teacher,
+        feature_layers=static.feature_layers,
+    )
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -80,10 +103,10 @@ def _accept(static: StepStatic, tree: tree_lib.Tree, logits, accept_key, proposa
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _commit(static: StepStatic, draft_params: Any, state: DecodeState, features, acc,
-            n_nodes, key):
-    return commit_round(static, draft_params, state, acc, features[acc.path], state.cache,
-                        n_nodes, key)
+def _commit(static: StepStatic, draft_params: Any, state: DecodeState, features, acc, n_nodes, key):
+    return commit_round(
+        static, draft_params, state, acc, features[acc.path], state.cache, n_nodes, key
+    )
 
 
 class _Clock:
@@ -102,13 +125,19 @@ class _Clock:
 # ------------------------------------------------------------------------------ the loop
 
 
-def generate_traced(teacher: gen.Teacher, drafter: Any, prompt_ids: Sequence[int],
-                    spec: SpecConfig, *, draft_params: Any = None,
-                    trace_path: str | os.PathLike,
-                    verify_latency: Any = None,
-                    roofline: budget_lib.Roofline | None = None,
-                    calibration: budget_lib.Calibration | None = None,
-                    stream: int = 0) -> gen.GenerationResult:
+def generate_traced(
+    teacher: gen.Teacher,
+    drafter: Any,
+    prompt_ids: Sequence[int],
+    spec: SpecConfig,
+    *,
+    draft_params: Any = None,
+    trace_path: str | os.PathLike,
+    verify_latency: Any = None,
+    roofline: budget_lib.Roofline | None = None,
+    calibration: budget_lib.Calibration | None = None,
+    stream: int = 0,
+) -> gen.GenerationResult:
     """:func:`~eaglepangu_jax.engine.decode.generate`, phase by phase, with a trace.
 
     Args:
@@ -123,8 +152,7 @@ def generate_traced(teacher: gen.Teacher, drafter: Any, prompt_ids: Sequence[int
       The :class:`~eaglepangu_jax.engine.decode.GenerationResult`.
     """
     if (roofline is None) != (calibration is None):
-        raise ValueError("give both roofline and calibration to predict verify times, or "
-                         "neither")
+        raise ValueError("give both roofline and calibration to predict verify times, or neither")
     gen.validate(teacher, drafter, prompt_ids, spec)
     if not Path(trace_path).parent.is_dir():
         raise ValueError(f"cannot write the trace {trace_path}: its folder does not exist")
@@ -134,22 +162,30 @@ def generate_traced(teacher: gen.Teacher, drafter: Any, prompt_ids: Sequence[int
     kept = math.inf  # output length, known once generation ends
     try:
         t0 = time.perf_counter()
-        state = gen.init_state(teacher, drafter, draft_params, prompt_ids, spec,
-                               capacity=capacity,
-                               key=jax.random.fold_in(jax.random.key(spec.seed), stream))
+        state = gen.init_state(
+            teacher,
+            drafter,
+            draft_params,
+            prompt_ids,
+            spec,
+            capacity=capacity,
+            key=jax.random.fold_in(jax.random.key(spec.seed), stream),
+        )
         jax.block_until_ready(state)
         t1 = time.perf_counter()
         while not bool(state.done):
             static = _static(teacher, drafter, spec, state, capacity, eos_id)
             if static is None:
                 break
-            state, record = _traced_round(static, teacher.params, draft_params, state,
-                                          verify_latency, roofline, calibration)
+            state, record = _traced_round(
+                static, teacher.params, draft_params, state, verify_latency, roofline, calibration
+            )
             record["round"] = len(records)
             records.append(record)
         t2 = time.perf_counter()
-        result = gen.result_from_state(state, len(prompt_ids), spec, eos_id,
-                                       seconds=t2 - t1, prefill_seconds=t1 - t0)
+        result = gen.result_from_state(
+            state, len(prompt_ids), spec, eos_id, seconds=t2 - t1, prefill_seconds=t1 - t0
+        )
         kept = len(result.tokens)
         return result
     finally:
@@ -160,8 +196,9 @@ def generate_traced(teacher: gen.Teacher, drafter: Any, prompt_ids: Sequence[int
 
 def _static(teacher, drafter, spec, state, capacity, eos_id) -> StepStatic | None:
     """The step statics for the next round, or None when its tree no longer fits."""
-    probe = StepStatic(teacher=teacher.config, drafter=drafter, spec=spec, window=capacity,
-                       eos_id=eos_id)
+    probe = StepStatic(
+        teacher=teacher.config, drafter=drafter, spec=spec, window=capacity, eos_id=eos_id
+    )
     need = probe.tree_slots
     length = int(state.cache.length)
     if length + need > capacity:
@@ -173,8 +210,7 @@ def _traced_round(static, params, draft_params, state, verify_latency, roofline,
     clock = _Clock()
     committed = state.cache.length
     committed_len = int(committed)
-    proposal, key, draft_key, accept_key = clock.run("draft", _draft, static, draft_params,
-                                                     state)
+    proposal, key, draft_key, accept_key = clock.run("draft", _draft, static, draft_params, state)
     tree, n_nodes = clock.run("tree", _tree, static, proposal, state, verify_latency)
     # Verify at the same slot bucket the fused step's switch would pick.
     valid = np.asarray(tree.valid)
@@ -182,16 +218,25 @@ def _traced_round(static, params, draft_params, state, verify_latency, roofline,
     sizes = slot_buckets(tree.num_slots) if static.bucketed else (tree.num_slots,)
     tree = truncate_tree(tree, next(size for size in sizes if size > last_valid))
     positions, attend = clock.run("mask", _mask, tree, committed, static.window)
-    logits, features, cache = clock.run("verify", _verify, static, params, tree.tokens,
-                                        positions, state.cache, attend)
+    logits, features, cache = clock.run(
+        "verify", _verify, static, params, tree.tokens, positions, state.cache, attend
+    )
     acc = clock.run("accept", _accept, static, tree, logits, accept_key, proposal)
     # The old cache was donated to the verify forward: hand the commit the new one.
-    state = clock.run("commit", _commit, static, draft_params,
-                      dataclasses.replace(state, cache=cache), features, acc, n_nodes, key)
+    state = clock.run(
+        "commit",
+        _commit,
+        static,
+        draft_params,
+        dataclasses.replace(state, cache=cache),
+        features,
+        acc,
+        n_nodes,
+        key,
+    )
     predicted = None
     if roofline is not None:
-        predicted = float(budget_lib.latency(roofline, calibration, tree.num_slots,
-                                             committed_len))
+        predicted = float(budget_lib.latency(roofline, calibration, tree.num_slots, committed_len))
     record = {
         "committed_len": committed_len,
         "tree_nodes": int(n_nodes),
@@ -270,17 +315,24 @@ class TraceSummary:
 
     def to_json(self) -> dict:
         """The summary as a JSON-ready dict (histogram keys become strings)."""
-        return {"rounds": self.rounds, "new_tokens": self.new_tokens,
-                "accepted_length": self.accepted_length, "total_seconds": self.total_seconds,
-                "phase_seconds": dict(self.phase_seconds),
-                "accepted_histogram": {str(k): v for k, v in self.accepted_histogram.items()}}
+        return {
+            "rounds": self.rounds,
+            "new_tokens": self.new_tokens,
+            "accepted_length": self.accepted_length,
+            "total_seconds": self.total_seconds,
+            "phase_seconds": dict(self.phase_seconds),
+            "accepted_histogram": {str(k): v for k, v in self.accepted_histogram.items()},
+        }
 
     def to_text(self) -> str:
         """A human-readable report: phase totals and the acceptance histogram."""
         total = self.total_seconds
-        lines = [f"{self.rounds} rounds, {self.new_tokens} tokens, accepted length "
-                 f"{self.accepted_length:.2f}, {total:.3f} s in phases", "",
-                 f"{'phase':<8} {'seconds':>9} {'share':>6} {'ms/round':>9}"]
+        lines = [
+            f"{self.rounds} rounds, {self.new_tokens} tokens, accepted length "
+            f"{self.accepted_length:.2f}, {total:.3f} s in phases",
+            "",
+            f"{'phase':<8} {'seconds':>9} {'share':>6} {'ms/round':>9}",
+        ]
         for phase, seconds in self.phase_seconds.items():
             share = seconds / total if total > 0 else 0.0
             per_round = 1e3 * seconds / self.rounds if self.rounds else 0.0
@@ -296,10 +348,11 @@ class TraceSummary:
 def summarize(path: str | os.PathLike) -> TraceSummary:
     """Per-phase time totals and the histogram of accepted lengths of a trace file."""
     records = read_trace(path)
-    phase_seconds = {phase: float(sum(r["seconds"][phase] for r in records))
-                     for phase in PHASES}
+    phase_seconds = {phase: float(sum(r["seconds"][phase] for r in records)) for phase in PHASES}
     histogram = collections.Counter(int(r["accepted"]) for r in records)
-    return TraceSummary(rounds=len(records),
-                        new_tokens=int(sum(r["emitted"] for r in records)),
-                        phase_seconds=phase_seconds,
-                        accepted_histogram=dict(sorted(histogram.items())))
+    return TraceSummary(
+        rounds=len(records),
+        new_tokens=int(sum(r["emitted"] for r in records)),
+        phase_seconds=phase_seconds,
+        accepted_histogram=dict(sorted(histogram.items())),
+    )

@@ -23,25 +23,39 @@ def error_table(calibration: MachineCalibration, config: LlamaConfig) -> list[di
     samples = calibration.samples
     if not samples:
         return []
-    predicted = roofline_prediction(calibration, config, [x.slots for x in samples],
-                                    [x.context for x in samples],
-                                    window=[x.window for x in samples])
-    return [{"slots": x.slots, "context": x.context, "window": x.window,
-             "measured_ms": 1e3 * x.seconds, "predicted_ms": 1e3 * float(p),
-             "error_pct": 100.0 * (float(p) - x.seconds) / x.seconds if x.seconds else 0.0}
-            for x, p in zip(samples, predicted)]
+    predicted = roofline_prediction(
+        calibration,
+        config,
+        [x.slots for x in samples],
+        [x.context for x in samples],
+        window=[x.window for x in samples],
+    )
+    return [
+        {
+            "slots": x.slots,
+            "context": x.context,
+            "window": x.window,
+            "measured_ms": 1e3 * x.seconds,
+            "predicted_ms": 1e3 * float(p),
+            "error_pct": 100.0 * (float(p) - x.seconds) / x.seconds if x.seconds else 0.0,
+        }
+        for x, p in zip(samples, predicted)
+    ]
 
 
 def format_report(calibration: MachineCalibration, config: LlamaConfig) -> str:
     """The measured-vs-predicted table, the coefficients and the overheads, as text."""
     rows = error_table(calibration, config)
-    header = (f"{'s':>4} {'c':>6} {'window':>6} {'measured ms':>11} {'roofline ms':>12} "
-              f"{'error %':>8}")
+    header = (
+        f"{'s':>4} {'c':>6} {'window':>6} {'measured ms':>11} {'roofline ms':>12} {'error %':>8}"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{r['slots']:>4} {r['context']:>6} {r['window']:>6} "
-                     f"{r['measured_ms']:>11.2f} {r['predicted_ms']:>12.2f} "
-                     f"{r['error_pct']:>+8.1f}")
+        lines.append(
+            f"{r['slots']:>4} {r['context']:>6} {r['window']:>6} "
+            f"{r['measured_ms']:>11.2f} {r['predicted_ms']:>12.2f} "
+            f"{r['error_pct']:>+8.1f}"
+        )
     c = calibration
     worst = max((abs(r["error_pct"]) for r in rows), default=0.0)
     lines += [
@@ -56,8 +70,9 @@ def format_report(calibration: MachineCalibration, config: LlamaConfig) -> str:
     return "\n".join(lines)
 
 
-def plot_calibration(calibration: MachineCalibration, config: LlamaConfig,
-                     path: str | os.PathLike) -> Path:
+def plot_calibration(
+    calibration: MachineCalibration, config: LlamaConfig, path: str | os.PathLike
+) -> Path:
     """Measured (markers) and predicted (lines) verify latency against ``s``, one colour per
     context, log-2 x axis; written as a PNG atomically.
 
@@ -79,14 +94,32 @@ def plot_calibration(calibration: MachineCalibration, config: LlamaConfig,
     grid = np.unique(np.round(np.geomspace(1, top, 80)).astype(np.int64))
     for i, c in enumerate(contexts):
         colour = plots.PALETTE[i % len(plots.PALETTE)]
-        points = sorted((x for x in calibration.samples if x.context == c),
-                        key=lambda x: x.slots)
-        ax.plot(grid, 1e3 * roofline_prediction(calibration, config, grid, c), color=colour,
-                lw=1.6, label=f"c = {c}: roofline fit")
-        ax.plot(grid, 1e3 * predict(calibration, config, grid, c), color=colour, lw=0.9,
-                ls="--", label=f"c = {c}: controller's curve")
-        ax.plot([x.slots for x in points], [1e3 * x.seconds for x in points], "o",
-                color=colour, ms=6, mfc="none", mew=1.6, label=f"c = {c}: measured")
+        points = sorted((x for x in calibration.samples if x.context == c), key=lambda x: x.slots)
+        ax.plot(
+            grid,
+            1e3 * roofline_prediction(calibration, config, grid, c),
+            color=colour,
+            lw=1.6,
+            label=f"c = {c}: roofline fit",
+        )
+        ax.plot(
+            grid,
+            1e3 * predict(calibration, config, grid, c),
+            color=colour,
+            lw=0.9,
+            ls="--",
+            label=f"c = {c}: controller's curve",
+        )
+        ax.plot(
+            [x.slots for x in points],
+            [1e3 * x.seconds for x in points],
+            "o",
+            color=colour,
+            ms=6,
+            mfc="none",
+            mew=1.6,
+            label=f"c = {c}: measured",
+        )
     worst = max(abs(r["error_pct"]) for r in error_table(calibration, config))
     ax.set_xscale("log", base=2)
     ticks = sorted({x.slots for x in calibration.samples})
@@ -94,13 +127,14 @@ def plot_calibration(calibration: MachineCalibration, config: LlamaConfig,
     ax.minorticks_off()
     ax.set_xlabel("new tokens per verify forward s (root + draft nodes)")
     ax.set_ylabel("verify forward latency (ms)")
-    ax.set_title(f"Verify latency, measured vs calibrated roofline "
-                 f"({config.num_layers} layers, hidden {config.hidden_size}, "
-                 f"{calibration.dtype})\n{calibration.machine.get('processor', '')}, "
-                 f"{calibration.machine.get('backend', '')}; c = cached tokens; "
-                 f"roofline max error {worst:.0f}%", fontsize=9)
+    ax.set_title(
+        f"Verify latency, measured vs calibrated roofline "
+        f"({config.num_layers} layers, hidden {config.hidden_size}, "
+        f"{calibration.dtype})\n{calibration.machine.get('processor', '')}, "
+        f"{calibration.machine.get('backend', '')}; c = cached tokens; "
+        f"roofline max error {worst:.0f}%",
+        fontsize=9,
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncols=2)
     return plots.save_figure(fig, path)
-
-

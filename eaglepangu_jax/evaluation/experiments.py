@@ -23,9 +23,16 @@ __all__ = ["CELLS_PER_RUN", "run_in_groups", "sweep_plots", "window_plot", "budg
 CELLS_PER_RUN = 6  # cells interleaved in one benchmark (see run_in_groups)
 
 
-def run_in_groups(teacher: Any, conversations: list[Conversation], greedy: Method,
-                  methods: Sequence[Method], renderer: Any, *, progress: bool,
-                  group_size: int | None = None) -> dict[str, Any]:
+def run_in_groups(
+    teacher: Any,
+    conversations: list[Conversation],
+    greedy: Method,
+    methods: Sequence[Method],
+    renderer: Any,
+    *,
+    progress: bool,
+    group_size: int | None = None,
+) -> dict[str, Any]:
     """``run_bench`` over ``greedy`` + ``methods``, ``group_size`` cells at a time.
 
     Every compiled program of a benchmark stays alive while it runs (the methods are
@@ -37,23 +44,21 @@ def run_in_groups(teacher: Any, conversations: list[Conversation], greedy: Metho
     ``group_size`` defaults to :data:`CELLS_PER_RUN`.
     """
     group_size = group_size or CELLS_PER_RUN
-    groups = [list(methods[i:i + group_size]) for i in range(0, len(methods), group_size)]
+    groups = [list(methods[i : i + group_size]) for i in range(0, len(methods), group_size)]
     merged: dict[str, Any] | None = None
     for index, group in enumerate(groups):
         if index:
             jax.clear_caches()
-        report = run_bench(teacher, conversations, [greedy, *group], renderer,
-                                 progress=progress)
+        report = run_bench(teacher, conversations, [greedy, *group], renderer, progress=progress)
         if merged is None:
             merged = report
             continue
-        merged["methods"].update({k: v for k, v in report["methods"].items()
-                                  if k != REFERENCE})
-        merged["warmup_seconds"].update({k: v for k, v in report["warmup_seconds"].items()
-                                         if k != REFERENCE})
+        merged["methods"].update({k: v for k, v in report["methods"].items() if k != REFERENCE})
+        merged["warmup_seconds"].update(
+            {k: v for k, v in report["warmup_seconds"].items() if k != REFERENCE}
+        )
         for mine, theirs in zip(merged["turns"], report["turns"]):
-            mine["methods"].update({k: v for k, v in theirs["methods"].items()
-                                    if k != REFERENCE})
+            mine["methods"].update({k: v for k, v in theirs["methods"].items() if k != REFERENCE})
     assert merged is not None, "no methods to run"
     names = [REFERENCE] + [m.name for m in methods]
     merged["summary"] = summarize_turns(merged["turns"], names)
@@ -65,20 +70,32 @@ def sweep_plots(experiment: dict[str, Any], folder: Path) -> list[Path]:
     """Speed-up and accepted-length heatmaps of a sweep (sweet spot outlined)."""
     cells, rows, cols = experiment["cells"], experiment["depths"], experiment["nodes"]
     best = experiment["sweet_spot"]
-    common = dict(rows=rows, cols=cols, xlabel="tree nodes (budget)", ylabel="max depth",
-                  highlight=(rows.index(best["depth"]), cols.index(best["nodes"]))
-                  if best else None)
+    common = dict(
+        rows=rows,
+        cols=cols,
+        xlabel="tree nodes (budget)",
+        ylabel="max depth",
+        highlight=(rows.index(best["depth"]), cols.index(best["nodes"])) if best else None,
+    )
     stem = folder / f"sweep_{experiment['drafter']}"
     note = "outlined: the sweet spot, best mean speed-up"
     return [
-        plots.heatmap(grids.grid(cells, "mean_speedup", rows, cols),
-                      path=f"{stem}_speedup.png", fmt="{:.2f}×", center=1.0,
-                      title=f"Mean speed-up over greedy ({note})\n{experiment['context']}",
-                      colorbar_label="speed-up over greedy (×)", **common),
-        plots.heatmap(grids.grid(cells, "mean_accepted_length", rows, cols),
-                      path=f"{stem}_accepted_length.png",
-                      title=f"Mean accepted length ({note})\n{experiment['context']}",
-                      colorbar_label="accepted length (tokens / verify round)", **common),
+        plots.heatmap(
+            grids.grid(cells, "mean_speedup", rows, cols),
+            path=f"{stem}_speedup.png",
+            fmt="{:.2f}×",
+            center=1.0,
+            title=f"Mean speed-up over greedy ({note})\n{experiment['context']}",
+            colorbar_label="speed-up over greedy (×)",
+            **common,
+        ),
+        plots.heatmap(
+            grids.grid(cells, "mean_accepted_length", rows, cols),
+            path=f"{stem}_accepted_length.png",
+            title=f"Mean accepted length ({note})\n{experiment['context']}",
+            colorbar_label="accepted length (tokens / verify round)",
+            **common,
+        ),
     ]
 
 
@@ -87,27 +104,37 @@ def window_plot(experiment: dict[str, Any], folder: Path) -> Path:
     cells = experiment["cells"]
     return plots.setting_bars(
         [grids.window_label(c["window"]) for c in cells],
-        [("mean accepted length (tokens / verify round)",
-          [c["mean_accepted_length"] for c in cells], 1.0),
-         ("mean speed-up over greedy (×)", [c["mean_speedup"] for c in cells], 1.0)],
+        [
+            (
+                "mean accepted length (tokens / verify round)",
+                [c["mean_accepted_length"] for c in cells],
+                1.0,
+            ),
+            ("mean speed-up over greedy (×)", [c["mean_speedup"] for c in cells], 1.0),
+        ],
         path=folder / f"window_{experiment['drafter']}.png",
         xlabel="draft window (latest tokens the drafter sees)",
         title=f"Draft-window ablation ({experiment['nodes']} tree nodes, max depth "
-              f"{experiment['depth']})\n{experiment['context']}")
+        f"{experiment['depth']})\n{experiment['context']}",
+    )
 
 
 def budgets_plot(experiment: dict[str, Any], folder: Path) -> Path:
     """Mean speed-up per category: every fixed budget and the controller, with its gap."""
     rows = experiment["comparison"]["categories"]
-    series = {f"fixed, {b['budget']} nodes": [r["fixed"][i]["mean_speedup"] for r in rows]
-              for i, b in enumerate(rows[0]["fixed"])}
+    series = {
+        f"fixed, {b['budget']} nodes": [r["fixed"][i]["mean_speedup"] for r in rows]
+        for i, b in enumerate(rows[0]["fixed"])
+    }
     auto = next(c for c in experiment["cells"] if c["policy"] == "auto")
     series[f"auto controller (ceiling {auto['nodes']} nodes)"] = [r["auto_speedup"] for r in rows]
     return plots.grouped_bars(
-        [f"{r['category']}\n({plots.plural(r['turns'], 'turn')})" for r in rows], series,
-        path=folder / f"budgets_{experiment['drafter']}.png", xlabel="prompt category",
+        [f"{r['category']}\n({plots.plural(r['turns'], 'turn')})" for r in rows],
+        series,
+        path=folder / f"budgets_{experiment['drafter']}.png",
+        xlabel="prompt category",
         ylabel="mean speed-up over greedy (×)",
-        group_notes=[f"auto gap {grids.format_number(r['gap_percent'], 1, '%')}"
-                     for r in rows],
+        group_notes=[f"auto gap {grids.format_number(r['gap_percent'], 1, '%')}" for r in rows],
         title=f"Controller vs fixed budgets (max depth {experiment['depth']}; gap = best fixed "
-              f"minus auto, % of best)\n{experiment['context']}")
+        f"minus auto, % of best)\n{experiment['context']}",
+    )

@@ -28,8 +28,7 @@ REFERENCE = "greedy"
 DPI = 120
 BENCH_PLOT = "speedup_by_category.png"
 # Distinct, colour-blind-safe colours (Okabe-Ito), cycled over methods and series.
-PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442",
-           "#000000")
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 
 
 class PlotsUnavailableError(RuntimeError):
@@ -47,7 +46,8 @@ def require_matplotlib() -> Any:
     except ImportError:
         raise PlotsUnavailableError(
             "plots need matplotlib, which is not installed; install the 'plots' extra "
-            "(pip install 'eaglepangu[plots]') or drop the plot option") from None
+            "(pip install 'eaglepangu[plots]') or drop the plot option"
+        ) from None
     return matplotlib
 
 
@@ -75,10 +75,20 @@ def _array(values: Any) -> np.ndarray:
 # ----------------------------------------------------------------------------- heatmap
 
 
-def heatmap(values: Sequence[Sequence[float | None]], *, rows: Sequence[Any],
-            cols: Sequence[Any], path: str | os.PathLike, title: str, xlabel: str,
-            ylabel: str, colorbar_label: str, fmt: str = "{:.2f}",
-            center: float | None = None, highlight: tuple[int, int] | None = None) -> Path:
+def heatmap(
+    values: Sequence[Sequence[float | None]],
+    *,
+    rows: Sequence[Any],
+    cols: Sequence[Any],
+    path: str | os.PathLike,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    colorbar_label: str,
+    fmt: str = "{:.2f}",
+    center: float | None = None,
+    highlight: tuple[int, int] | None = None,
+) -> Path:
     """An annotated heatmap, ``values[r][c]`` at row ``rows[r]`` (bottom first), column
     ``cols[c]``.
 
@@ -103,14 +113,20 @@ def heatmap(values: Sequence[Sequence[float | None]], *, rows: Sequence[Any],
         norm, cmap = TwoSlopeNorm(center, low, high), "RdYlGn"
     else:
         norm, cmap = None, "viridis"
-    image = ax.imshow(data, origin="lower", aspect="auto", norm=norm,
-                      cmap=colormaps[cmap].with_extremes(bad="0.85"))  # grey: not measured
+    image = ax.imshow(
+        data,
+        origin="lower",
+        aspect="auto",
+        norm=norm,
+        cmap=colormaps[cmap].with_extremes(bad="0.85"),
+    )  # grey: not measured
     for (r, c), v in np.ndenumerate(data):
         text = "-" if not np.isfinite(v) else fmt.format(v)
         red, green, blue, _ = image.cmap(image.norm(v)) if np.isfinite(v) else (1, 1, 1, 1)
         dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
-        ax.text(c, r, text, ha="center", va="center", fontsize=9,
-                color="white" if dark else "black")
+        ax.text(
+            c, r, text, ha="center", va="center", fontsize=9, color="white" if dark else "black"
+        )
     if highlight is not None:
         r, c = highlight
         ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, lw=2.5, ec="black"))
@@ -126,10 +142,15 @@ def heatmap(values: Sequence[Sequence[float | None]], *, rows: Sequence[Any],
 # ----------------------------------------------------------------------------- bars
 
 
-def setting_bars(labels: Sequence[str], panels: Sequence[tuple[str, Sequence[float | None],
-                                                              float | None]],
-                 *, path: str | os.PathLike, title: str, xlabel: str,
-                 fmt: str = "{:.2f}") -> Path:
+def setting_bars(
+    labels: Sequence[str],
+    panels: Sequence[tuple[str, Sequence[float | None], float | None]],
+    *,
+    path: str | os.PathLike,
+    title: str,
+    xlabel: str,
+    fmt: str = "{:.2f}",
+) -> Path:
     """One panel per metric, one bar per setting (e.g. the draft window).
 
     Args:
@@ -143,8 +164,12 @@ def setting_bars(labels: Sequence[str], panels: Sequence[tuple[str, Sequence[flo
     for ax, (ylabel, values, reference), colour in zip(axes, panels, PALETTE):
         data = _array(values)
         bars = ax.bar(x, np.nan_to_num(data), color=colour, width=0.6)
-        ax.bar_label(bars, ["-" if not np.isfinite(v) else fmt.format(v) for v in data],
-                     padding=2, fontsize=9)
+        ax.bar_label(
+            bars,
+            ["-" if not np.isfinite(v) else fmt.format(v) for v in data],
+            padding=2,
+            fontsize=9,
+        )
         if reference is not None:
             ax.axhline(reference, color="0.3", ls="--", lw=1, label=f"greedy ({reference:g})")
             ax.legend(loc="lower right", fontsize=8)
@@ -156,10 +181,17 @@ def setting_bars(labels: Sequence[str], panels: Sequence[tuple[str, Sequence[flo
     return save_figure(fig, path)
 
 
-def grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float | None]], *,
-                 path: str | os.PathLike, title: str, xlabel: str, ylabel: str,
-                 reference: float | None = 1.0,
-                 group_notes: Sequence[str] | None = None) -> Path:
+def grouped_bars(
+    groups: Sequence[str],
+    series: Mapping[str, Sequence[float | None]],
+    *,
+    path: str | os.PathLike,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    reference: float | None = 1.0,
+    group_notes: Sequence[str] | None = None,
+) -> Path:
     """Bars of every series side by side within each group.
 
     Args:
@@ -173,15 +205,26 @@ def grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float | No
     width = 0.8 / max(len(series), 1)
     x = np.arange(len(groups))
     for i, ((name, values), colour) in enumerate(zip(series.items(), _cycle(len(series)))):
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, np.nan_to_num(_array(values)),
-               width=width, color=colour, label=name)
+        ax.bar(
+            x + (i - (len(series) - 1) / 2) * width,
+            np.nan_to_num(_array(values)),
+            width=width,
+            color=colour,
+            label=name,
+        )
     if reference is not None:
         ax.axhline(reference, color="0.3", ls="--", lw=1, label=f"greedy ({reference:g}×)")
     if group_notes is not None:
         top = np.nanmax(np.array([_array(v) for v in series.values()]), axis=0)
         for gx, note, height in zip(x, group_notes, top):
-            ax.text(gx, (height if np.isfinite(height) else 0) * 1.02, note, ha="center",
-                    va="bottom", fontsize=8)
+            ax.text(
+                gx,
+                (height if np.isfinite(height) else 0) * 1.02,
+                note,
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax.set_xticks(x, list(groups))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -203,8 +246,7 @@ def _cycle(n: int) -> list[str]:
 # ----------------------------------------------------------------------------- bench reports
 
 
-def _per_category(report: Mapping[str, Any], method: str, key: str
-                  ) -> dict[str, list[float]]:
+def _per_category(report: Mapping[str, Any], method: str, key: str) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for turn in report["turns"]:
         value = turn["methods"][method][key]
@@ -214,8 +256,9 @@ def _per_category(report: Mapping[str, Any], method: str, key: str
     return out
 
 
-def speedup_distribution(report: Mapping[str, Any], path: str | os.PathLike, *,
-                         title: str | None = None) -> Path:
+def speedup_distribution(
+    report: Mapping[str, Any], path: str | os.PathLike, *, title: str | None = None
+) -> Path:
     """Per-turn speed-up over greedy (top) and accepted length (bottom) of every
     non-reference method: one box per method and category, each turn a dot on it.
 
@@ -237,8 +280,10 @@ def speedup_distribution(report: Mapping[str, Any], path: str | os.PathLike, *,
     axes = fig.subplots(2, 1, sharex=True)
     width = 0.8 / len(methods)
     rng = np.random.default_rng(0)  # fixed jitter: the same report draws the same figure
-    panels = (("speedup", "speed-up over greedy (×)", 1.0),
-              ("accepted_length", "accepted length (tokens / verify round)", 1.0))
+    panels = (
+        ("speedup", "speed-up over greedy (×)", 1.0),
+        ("accepted_length", "accepted length (tokens / verify round)", 1.0),
+    )
     for ax, (key, ylabel, reference) in zip(axes, panels):
         for i, (method, colour) in enumerate(zip(methods, colours)):
             values = _per_category(report, method, key)
@@ -246,23 +291,35 @@ def speedup_distribution(report: Mapping[str, Any], path: str | os.PathLike, *,
             data = [values.get(c, []) for c in categories]
             drawn = [(p, d) for p, d in zip(positions, data) if d]
             if drawn:
-                ax.boxplot([d for _, d in drawn], positions=[p for p, _ in drawn],
-                           widths=width * 0.8, showfliers=False, patch_artist=True,
-                           boxprops=dict(facecolor=colour, alpha=0.35, edgecolor=colour),
-                           medianprops=dict(color=colour, lw=2),
-                           whiskerprops=dict(color=colour), capprops=dict(color=colour))
+                ax.boxplot(
+                    [d for _, d in drawn],
+                    positions=[p for p, _ in drawn],
+                    widths=width * 0.8,
+                    showfliers=False,
+                    patch_artist=True,
+                    boxprops=dict(facecolor=colour, alpha=0.35, edgecolor=colour),
+                    medianprops=dict(color=colour, lw=2),
+                    whiskerprops=dict(color=colour),
+                    capprops=dict(color=colour),
+                )
             for p, d in drawn:
                 jitter = rng.uniform(-0.25, 0.25, len(d)) * width
                 ax.scatter(p + jitter, d, s=10, color=colour, alpha=0.8, zorder=3)
         ax.axhline(reference, color="0.3", ls="--", lw=1)
         ax.set_ylabel(ylabel)
     counts = [sum(t["category"] == c for t in report["turns"]) for c in categories]
-    axes[1].set_xticks(range(len(categories)),
-                       [f"{c}\n({plural(n, 'turn')})" for c, n in zip(categories, counts)])
+    axes[1].set_xticks(
+        range(len(categories)), [f"{c}\n({plural(n, 'turn')})" for c, n in zip(categories, counts)]
+    )
     axes[1].set_xlabel("prompt category")
     # Beside the panels, so that no turn's dot hides under it.
-    fig.legend(handles=[Patch(color=c, alpha=0.6, label=m) for m, c in zip(methods, colours)],
-               fontsize=8, loc="outside right upper", title="method", title_fontsize=8)
+    fig.legend(
+        handles=[Patch(color=c, alpha=0.6, label=m) for m, c in zip(methods, colours)],
+        fontsize=8,
+        loc="outside right upper",
+        title="method",
+        title_fontsize=8,
+    )
     fig.suptitle(title or _bench_title(report), fontsize=10)
     return save_figure(fig, path)
 
@@ -270,13 +327,16 @@ def speedup_distribution(report: Mapping[str, Any], path: str | os.PathLike, *,
 def _bench_title(report: Mapping[str, Any]) -> str:
     specs = [m.get("spec", {}) for m in report["methods"].values()]
     tokens = max((s.get("max_new_tokens", 0) for s in specs), default=0)
-    return (f"Per-turn speed-up over greedy and accepted length, by prompt category\n"
-            f"{len(report['turns'])} turns, up to {tokens} new tokens each; one dot per turn; "
-            f"dashed line = greedy")
+    return (
+        f"Per-turn speed-up over greedy and accepted length, by prompt category\n"
+        f"{len(report['turns'])} turns, up to {tokens} new tokens each; one dot per turn; "
+        f"dashed line = greedy"
+    )
 
 
-def write_bench_plots(report: Mapping[str, Any] | str | os.PathLike,
-                      plot_dir: str | os.PathLike) -> list[Path]:
+def write_bench_plots(
+    report: Mapping[str, Any] | str | os.PathLike, plot_dir: str | os.PathLike
+) -> list[Path]:
     """The figures of a benchmark report (a dict or the path of its JSON) in ``plot_dir``
     (created if missing): :data:`BENCH_PLOT`. Returns the written paths."""
     if not isinstance(report, Mapping):

@@ -14,8 +14,9 @@ from eaglepangu_jax.files import write_text_atomic
 __all__ = ["summarize_turns", "format_summary", "format_turns", "write_report"]
 
 
-def summarize_turns(turns: Sequence[dict[str, Any]], names: Sequence[str]
-                    ) -> dict[str, dict[str, Any]]:
+def summarize_turns(
+    turns: Sequence[dict[str, Any]], names: Sequence[str]
+) -> dict[str, dict[str, Any]]:
     """Per method, over the turns: ``mean_tokens_per_s``; ``mean_speedup``, ``p50_speedup``,
     ``p99_speedup`` of per-turn tokens/s over greedy's (percentiles interpolate linearly);
     ``mean_accepted_length`` (mean of per-turn values) and ``overall_accepted_length`` (all
@@ -33,8 +34,9 @@ def summarize_turns(turns: Sequence[dict[str, Any]], names: Sequence[str]
             "p50_speedup": _percentile(speedups, 50),
             "p99_speedup": _percentile(speedups, 99),
             "mean_accepted_length": _mean([r["accepted_length"] for r in rows]),
-            "overall_accepted_length": (sum(r["new_tokens"] for r in rows) / rounds
-                                        if rounds else None),
+            "overall_accepted_length": (
+                sum(r["new_tokens"] for r in rows) / rounds if rounds else None
+            ),
             "identical_fraction": _mean([float(r["identical_to_greedy"]) for r in rows]),
             "compile_seconds": float(sum(r["compile_seconds"] for r in rows)),
         }
@@ -52,8 +54,10 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 def format_summary(report: dict[str, Any]) -> str:
     """The summary as a fixed-width table."""
     w = _name_width(report["summary"])
-    header = (f"{'method':<{w}} {'turns':>5} {'tok/s':>7} {'speed-up':>8} {'p50':>6} {'p99':>6} "
-              f"{'acc.len':>7} {'identical':>9} {'warm-up s':>9} {'compile s':>9}")
+    header = (
+        f"{'method':<{w}} {'turns':>5} {'tok/s':>7} {'speed-up':>8} {'p50':>6} {'p99':>6} "
+        f"{'acc.len':>7} {'identical':>9} {'warm-up s':>9} {'compile s':>9}"
+    )
     lines = [header, "-" * len(header)]
     for name, s in report["summary"].items():
         lines.append(
@@ -61,25 +65,35 @@ def format_summary(report: dict[str, Any]) -> str:
             f"{_fmt(s['mean_speedup'], 2, 'x'):>8} {_fmt(s['p50_speedup'], 2, 'x'):>6} "
             f"{_fmt(s['p99_speedup'], 2, 'x'):>6} {_fmt(s['mean_accepted_length'], 2):>7} "
             f"{_fmt(s['identical_fraction'], 0, '%', 100):>9} "
-            f"{report['warmup_seconds'][name]:>9.1f} {s['compile_seconds']:>9.1f}")
+            f"{report['warmup_seconds'][name]:>9.1f} {s['compile_seconds']:>9.1f}"
+        )
     return "\n".join(lines)
 
 
 def format_turns(report: dict[str, Any]) -> str:
     """One row per turn and method: the side-by-side view."""
     w = _name_width(report["summary"])
-    header = (f"{'turn':<16} {'method':<{w}} {'tokens':>6} {'tok/s':>7} {'speed-up':>8} "
-              f"{'acc.len':>7} {'same as greedy':>14}")
+    header = (
+        f"{'turn':<16} {'method':<{w}} {'tokens':>6} {'tok/s':>7} {'speed-up':>8} "
+        f"{'acc.len':>7} {'same as greedy':>14}"
+    )
     lines = [header, "-" * len(header)]
     for t in report["turns"]:
         label = f"{t['conversation_id']}#{t['turn_index'] + 1}"
         for name, r in t["methods"].items():
-            same = "yes" if r["identical_to_greedy"] else (
-                f"no @{r['divergence_index']}" + (f" gap {r['near_tie_gap']:.2f}"
-                                                  if r["near_tie_gap"] is not None else ""))
-            lines.append(f"{label:<16} {name:<{w}} {r['new_tokens']:>6} "
-                         f"{_fmt(r['tokens_per_s'], 1):>7} {_fmt(r['speedup'], 2, 'x'):>8} "
-                         f"{r['accepted_length']:>7.2f} {same:>14}")
+            same = (
+                "yes"
+                if r["identical_to_greedy"]
+                else (
+                    f"no @{r['divergence_index']}"
+                    + (f" gap {r['near_tie_gap']:.2f}" if r["near_tie_gap"] is not None else "")
+                )
+            )
+            lines.append(
+                f"{label:<16} {name:<{w}} {r['new_tokens']:>6} "
+                f"{_fmt(r['tokens_per_s'], 1):>7} {_fmt(r['speedup'], 2, 'x'):>8} "
+                f"{r['accepted_length']:>7.2f} {same:>14}"
+            )
             label = ""
     return "\n".join(lines)
 

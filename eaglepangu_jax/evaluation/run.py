@@ -38,14 +38,23 @@ from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.chat import Renderer
 from eaglepangu_jax.models.config import LlamaConfig
 
-__all__ = ["CompileWatch", "generate_with", "run_method", "first_divergence", "near_tie_gaps",
-           "check_prompts", "run_bench"]
+__all__ = [
+    "CompileWatch",
+    "generate_with",
+    "run_method",
+    "first_divergence",
+    "near_tie_gaps",
+    "check_prompts",
+    "run_bench",
+]
 
 MAX_RUNS = 3  # generations per turn and method at most (see run_method)
-_COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration",
-                   "/jax/core/compile/jaxpr_trace_duration",
-                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/compilation_cache/cache_retrieval_time_sec")
+_COMPILE_EVENTS = (
+    "/jax/core/compile/backend_compile_duration",
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/compilation_cache/cache_retrieval_time_sec",
+)
 
 
 class CompileWatch:
@@ -77,20 +86,24 @@ class CompileWatch:
             jax.monitoring.unregister_event_duration_listener(self._listen)
 
 
-def generate_with(teacher: Teacher, method: Method, prompt_ids: Sequence[int]
-                  ) -> GenerationResult:
+def generate_with(teacher: Teacher, method: Method, prompt_ids: Sequence[int]) -> GenerationResult:
     """One generation with ``method``: its peer runner, or the JAX engine on ``teacher``."""
     if method.runner is not None:
         eos_id = teacher.config.eos_id if method.spec.eos_id is None else method.spec.eos_id
         return method.runner(prompt_ids, method.spec, eos_id=eos_id)
-    return generate(teacher, method.drafter, prompt_ids, method.spec,
-                    draft_params=method.draft_params,
-                    verify_latency=method_verify_latency(teacher.config, method,
-                                                         len(prompt_ids)))
+    return generate(
+        teacher,
+        method.drafter,
+        prompt_ids,
+        method.spec,
+        draft_params=method.draft_params,
+        verify_latency=method_verify_latency(teacher.config, method, len(prompt_ids)),
+    )
 
 
-def run_method(teacher: Teacher, method: Method, prompt_ids: Sequence[int]
-               ) -> tuple[GenerationResult, float]:
+def run_method(
+    teacher: Teacher, method: Method, prompt_ids: Sequence[int]
+) -> tuple[GenerationResult, float]:
     """Generate with ``method``; a run that compiled is discarded and run again.
 
     Returns:
@@ -106,8 +119,7 @@ def run_method(teacher: Teacher, method: Method, prompt_ids: Sequence[int]
         with watch.active():
             result = generate_with(teacher, method, prompt_ids)
         # Only compilation inside the decode time (after the prefill) spoils the figures.
-        if not watch.seconds_after(start + result.stats.prefill_seconds) \
-                or attempt == MAX_RUNS - 1:
+        if not watch.seconds_after(start + result.stats.prefill_seconds) or attempt == MAX_RUNS - 1:
             return result, discarded
         discarded += time.perf_counter() - start
     raise AssertionError("unreachable")
@@ -129,15 +141,23 @@ def first_divergence(reference: Sequence[int], tokens: Sequence[int]) -> int | N
 @functools.partial(jax.jit, static_argnames="config")
 def _sequence_logits(params: dict, tokens: jax.Array, *, config: LlamaConfig) -> jax.Array:
     t = tokens.shape[0]
-    kv = cache_lib.init(config.num_layers, t, config.num_kv_heads, config.head_dim,
-                        params["embed"].dtype)
-    logits, _, _ = llama.forward(params, tokens, jnp.arange(t, dtype=jnp.int32), kv,
-                                 mask_lib.causal_mask(t, 0, t), config=config)
+    kv = cache_lib.init(
+        config.num_layers, t, config.num_kv_heads, config.head_dim, params["embed"].dtype
+    )
+    logits, _, _ = llama.forward(
+        params,
+        tokens,
+        jnp.arange(t, dtype=jnp.int32),
+        kv,
+        mask_lib.causal_mask(t, 0, t),
+        config=config,
+    )
     return logits
 
 
-def near_tie_gaps(teacher: Teacher, prompt_ids: Sequence[int], greedy: Sequence[int],
-                  indices: Sequence[int]) -> dict[int, float | None]:
+def near_tie_gaps(
+    teacher: Teacher, prompt_ids: Sequence[int], greedy: Sequence[int], indices: Sequence[int]
+) -> dict[int, float | None]:
     """Teacher top-1 minus top-2 logit before greedy token ``i``, for each ``i`` in
     ``indices``, from one causal forward over ``prompt + greedy`` (``None`` past its end)."""
     wanted = sorted({i for i in indices if 0 <= i < len(greedy)})
@@ -162,30 +182,46 @@ def near_tie_gaps(teacher: Teacher, prompt_ids: Sequence[int], greedy: Sequence[
 
 def _turn_record(result: GenerationResult, compile_seconds: float) -> dict[str, Any]:
     stats = result.stats
-    return {"new_tokens": stats.new_tokens, "seconds": stats.seconds,
-            "tokens_per_s": _finite(stats.tokens_per_s), "rounds": stats.rounds,
-            "accepted_length": stats.accepted_length,
-            "prefill_seconds": stats.prefill_seconds, "compile_seconds": compile_seconds}
+    return {
+        "new_tokens": stats.new_tokens,
+        "seconds": stats.seconds,
+        "tokens_per_s": _finite(stats.tokens_per_s),
+        "rounds": stats.rounds,
+        "accepted_length": stats.accepted_length,
+        "prefill_seconds": stats.prefill_seconds,
+        "compile_seconds": compile_seconds,
+    }
 
 
 def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def check_prompts(conversations: Sequence[Conversation], renderer: Renderer,
-                  config: LlamaConfig, max_new_tokens: int) -> None:
+def check_prompts(
+    conversations: Sequence[Conversation],
+    renderer: Renderer,
+    config: LlamaConfig,
+    max_new_tokens: int,
+) -> None:
     """Fail before any work if an opening turn cannot fit the teacher's context."""
     for c in conversations:
         n = len(renderer.encode([{"role": "user", "content": c.turns[0]}]))
         if n + max_new_tokens > config.max_position:
-            raise ValueError(f"conversation {c.id!r}: the first prompt has {n} tokens; with "
-                             f"{max_new_tokens} new tokens it exceeds the teacher's context "
-                             f"of {config.max_position}")
+            raise ValueError(
+                f"conversation {c.id!r}: the first prompt has {n} tokens; with "
+                f"{max_new_tokens} new tokens it exceeds the teacher's context "
+                f"of {config.max_position}"
+            )
 
 
-def run_bench(teacher: Teacher, conversations: Sequence[Conversation],
-              methods: Sequence[Method], renderer: Renderer, *,
-              progress: bool = True) -> dict[str, Any]:
+def run_bench(
+    teacher: Teacher,
+    conversations: Sequence[Conversation],
+    methods: Sequence[Method],
+    renderer: Renderer,
+    *,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Run every method on every turn, interleaved per turn, greedy first.
 
     Args:
@@ -203,8 +239,9 @@ def run_bench(teacher: Teacher, conversations: Sequence[Conversation],
         raise ValueError(f"the first method must be {REFERENCE!r} (the reference)")
     if not conversations:
         raise ValueError("no conversations to benchmark")
-    check_prompts(conversations, renderer, teacher.config,
-                  max(m.spec.max_new_tokens for m in methods))
+    check_prompts(
+        conversations, renderer, teacher.config, max(m.spec.max_new_tokens for m in methods)
+    )
     first = renderer.encode([{"role": "user", "content": conversations[0].turns[0]}])
     warmup = {}
     for method in methods:
@@ -218,8 +255,12 @@ def run_bench(teacher: Teacher, conversations: Sequence[Conversation],
             for index, text in enumerate(conversation.turns):
                 history.append({"role": "user", "content": text})
                 record, greedy_tokens = _run_turn(teacher, methods, renderer.encode(history))
-                record = {"conversation_id": conversation.id, "category": conversation.category,
-                          "turn_index": index, **record}
+                record = {
+                    "conversation_id": conversation.id,
+                    "category": conversation.category,
+                    "turn_index": index,
+                    **record,
+                }
                 turns.append(record)
                 history.append({"role": "assistant", "content": renderer.decode(greedy_tokens)})
                 _advance(bar, turns, methods)
@@ -231,8 +272,9 @@ def run_bench(teacher: Teacher, conversations: Sequence[Conversation],
     }
 
 
-def _run_turn(teacher: Teacher, methods: Sequence[Method], prompt_ids: list[int]
-              ) -> tuple[dict[str, Any], list[int]]:
+def _run_turn(
+    teacher: Teacher, methods: Sequence[Method], prompt_ids: list[int]
+) -> tuple[dict[str, Any], list[int]]:
     results, records = {}, {}
     for method in methods:
         result, compile_seconds = run_method(teacher, method, prompt_ids)
@@ -240,8 +282,9 @@ def _run_turn(teacher: Teacher, methods: Sequence[Method], prompt_ids: list[int]
         records[method.name] = _turn_record(result, compile_seconds)
     greedy = results[REFERENCE].tokens
     divergence = {name: first_divergence(greedy, r.tokens) for name, r in results.items()}
-    gaps = near_tie_gaps(teacher, prompt_ids, greedy,
-                         [i for i in divergence.values() if i is not None])
+    gaps = near_tie_gaps(
+        teacher, prompt_ids, greedy, [i for i in divergence.values() if i is not None]
+    )
     greedy_tps = records[REFERENCE]["tokens_per_s"]
     for name, record in records.items():
         index = divergence[name]
@@ -254,9 +297,11 @@ def _run_turn(teacher: Teacher, methods: Sequence[Method], prompt_ids: list[int]
 
 
 def _describe(method: Method) -> dict[str, Any]:
-    return {"drafter": repr(method.drafter) if method.drafter is not None else None,
-            "runner": method.runner.describe() if method.runner is not None else None,
-            "spec": dataclasses.asdict(method.spec)}
+    return {
+        "drafter": repr(method.drafter) if method.drafter is not None else None,
+        "runner": method.runner.describe() if method.runner is not None else None,
+        "spec": dataclasses.asdict(method.spec),
+    }
 
 
 @contextlib.contextmanager
@@ -278,5 +323,3 @@ def _advance(bar, turns: list[dict[str, Any]], methods: Sequence[Method]) -> Non
         running[method.name] = f"{tokens / rounds:.2f}" if rounds else "-"
     bar.set_postfix({f"acc[{k}]": v for k, v in running.items()}, refresh=False)
     bar.update(1)
-
-

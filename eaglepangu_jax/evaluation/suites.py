@@ -118,8 +118,10 @@ def _parse(data: bytes, source: str) -> list[Conversation]:
             continue
         conversation = _parse_line(line, f"{source}, line {number}")
         if conversation.id in first_line:
-            raise ValueError(f"{source}, line {number}: duplicate id {conversation.id!r} "
-                             f"(first on line {first_line[conversation.id]})")
+            raise ValueError(
+                f"{source}, line {number}: duplicate id {conversation.id!r} "
+                f"(first on line {first_line[conversation.id]})"
+            )
         first_line[conversation.id] = number
         conversations.append(conversation)
     if not conversations:
@@ -136,8 +138,11 @@ def _parse_line(line: str, where: str) -> Conversation:
         raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if "turns" in record:
         turns = record["turns"]
-        if (not isinstance(turns, list) or not turns
-                or not all(isinstance(t, str) and t.strip() for t in turns)):
+        if (
+            not isinstance(turns, list)
+            or not turns
+            or not all(isinstance(t, str) and t.strip() for t in turns)
+        ):
             raise ValueError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
     elif "prompt" in record:
         if not isinstance(record["prompt"], str) or not record["prompt"].strip():
@@ -150,8 +155,9 @@ def _parse_line(line: str, where: str) -> Conversation:
         raise ValueError(f"{where}: missing an id (one of {list(_ID_KEYS)})")
     ident = record[key]
     if isinstance(ident, bool) or not isinstance(ident, (str, int)) or str(ident) == "":
-        raise ValueError(f"{where}: {key!r} must be a non-empty string or an integer, "
-                         f"got {ident!r}")
+        raise ValueError(
+            f"{where}: {key!r} must be a non-empty string or an integer, got {ident!r}"
+        )
     category = record.get("category", DEFAULT_CATEGORY)
     if not isinstance(category, str):
         raise ValueError(f"{where}: 'category' must be a string, got {category!r}")
@@ -169,9 +175,14 @@ def _mtbench() -> list[Conversation]:
 
 def _humaneval() -> list[Conversation]:
     problems = _parse(_read_data(HUMANEVAL_FILE), HUMANEVAL_FILE)[:HUMANEVAL_COUNT]
-    return [Conversation(id=p.id, category="humaneval",
-                         turns=(HUMANEVAL_TEMPLATE.format(prompt=p.turns[0].rstrip()),))
-            for p in problems]
+    return [
+        Conversation(
+            id=p.id,
+            category="humaneval",
+            turns=(HUMANEVAL_TEMPLATE.format(prompt=p.turns[0].rstrip()),),
+        )
+        for p in problems
+    ]
 
 
 def load_suite(name: str) -> list[Conversation]:

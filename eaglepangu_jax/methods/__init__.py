@@ -12,5 +12,13 @@ from eaglepangu_jax.methods.registry import (
     parse_methods,
 )
 
-__all__ = ["DEFAULT_BUDGET", "DEFAULT_DEPTH", "METHODS", "REFERENCE",
-           "DrafterUnavailableError", "Method", "make_method", "parse_methods"]
+__all__ = [
+    "DEFAULT_BUDGET",
+    "DEFAULT_DEPTH",
+    "METHODS",
+    "REFERENCE",
+    "DrafterUnavailableError",
+    "Method",
+    "make_method",
+    "parse_methods",
+]

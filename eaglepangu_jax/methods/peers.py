@@ -68,7 +68,8 @@ def check_reference_stack() -> None:
     if missing:
         raise ReferenceStackMissingError(
             f"the transformers peers need {', '.join(REFERENCE_STACK)}; not installed: "
-            f"{', '.join(missing)}. Install them with: {INSTALL_HINT}")
+            f"{', '.join(missing)}. Install them with: {INSTALL_HINT}"
+        )
 
 
 def import_reference_stack() -> tuple[Any, Any]:
@@ -84,7 +85,8 @@ def import_reference_stack() -> tuple[Any, Any]:
     except ImportError as err:
         raise ReferenceStackMissingError(
             f"the transformers peers cannot import {err.name or 'a dependency'} ({err}). "
-            f"Reinstall them with: {INSTALL_HINT}") from err
+            f"Reinstall them with: {INSTALL_HINT}"
+        ) from err
     return modules[0], modules[1]
 
 
@@ -102,8 +104,9 @@ def load_transformers_teacher(path: str | os.PathLike | None = None) -> Any:
     torch, transformers = import_reference_stack()
     path = smollm2.find_smollm2_gguf() if path is None else os.fspath(path)
     directory, name = os.path.split(os.path.abspath(path))
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
-                                                              dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=name, dtype=torch.float32
+    )
     model.eval()
     return model
 
@@ -134,8 +137,14 @@ class ForwardCall:
     num_inputs: int  # input tokens of the call
 
 
-def count_rounds(calls: Sequence[ForwardCall], tokens: Sequence[int], *, prompt_len: int,
-                 start: float, end: float) -> GenerationStats:
+def count_rounds(
+    calls: Sequence[ForwardCall],
+    tokens: Sequence[int],
+    *,
+    prompt_len: int,
+    start: float,
+    end: float,
+) -> GenerationStats:
     """The statistics of one peer generation, one round per forward call.
 
     The first call runs over the whole prompt (and the first candidates); every later call
@@ -158,18 +167,24 @@ def count_rounds(calls: Sequence[ForwardCall], tokens: Sequence[int], *, prompt_
     before = [0] + [c.first_position - prompt_len + 1 for c in calls[1:]] + [len(tokens)]
     emitted = [b - a for a, b in zip(before, before[1:])]
     if calls[0].first_position != 0 or min(emitted) < 1:
-        raise ValueError(f"forward calls at positions {[c.first_position for c in calls]} do "
-                         f"not fit a {prompt_len}-token prompt and {len(tokens)} new tokens")
+        raise ValueError(
+            f"forward calls at positions {[c.first_position for c in calls]} do "
+            f"not fit a {prompt_len}-token prompt and {len(tokens)} new tokens"
+        )
     nodes = [calls[0].num_inputs - prompt_len] + [c.num_inputs - 1 for c in calls[1:]]
     seconds = end - calls[0].end
     later = len(tokens) - emitted[0]  # tokens of the rounds after the fused first one
     return GenerationStats(
-        new_tokens=len(tokens), rounds=len(calls),
-        accepted_length=len(tokens) / len(calls), seconds=seconds,
+        new_tokens=len(tokens),
+        rounds=len(calls),
+        accepted_length=len(tokens) / len(calls),
+        seconds=seconds,
         prefill_seconds=calls[0].end - start,
         # No later round: no decoding rate to report (NaN, dropped by the bench's summary).
         tokens_per_s=later / seconds if later and seconds > 0 else float("nan"),
-        accepted_per_round=tuple(e - 1 for e in emitted), nodes_per_round=tuple(nodes))
+        accepted_per_round=tuple(e - 1 for e in emitted),
+        nodes_per_round=tuple(nodes),
+    )
 
 
 class _CallRecorder:
@@ -182,16 +197,28 @@ class _CallRecorder:
         ids = kwargs.get("input_ids", args[0] if args else None)
         positions = kwargs.get("position_ids")
         if ids is None or positions is None:
-            raise RuntimeError("the peer model was called without input_ids/position_ids; "
-                               "this transformers version cannot be counted")
-        self.calls.append(ForwardCall(end=time.perf_counter(),
-                                      first_position=int(positions[0, 0]),
-                                      num_inputs=int(ids.shape[-1])))
+            raise RuntimeError(
+                "the peer model was called without input_ids/position_ids; "
+                "this transformers version cannot be counted"
+            )
+        self.calls.append(
+            ForwardCall(
+                end=time.perf_counter(),
+                first_position=int(positions[0, 0]),
+                num_inputs=int(ids.shape[-1]),
+            )
+        )
 
 
-def transformers_generate(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int,
-                          eos_id: int, prompt_lookup: int | None = None,
-                          force_length: bool = False) -> GenerationResult:
+def transformers_generate(
+    model: Any,
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    prompt_lookup: int | None = None,
+    force_length: bool = False,
+) -> GenerationResult:
     """Greedy ``model.generate`` (prompt-lookup assisted if ``prompt_lookup``), counted.
 
     Args:
@@ -211,9 +238,18 @@ def transformers_generate(model: Any, prompt_ids: Sequence[int], *, max_new_toke
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty: at least one token is needed")
     inputs = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    options = dict(attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
-                   do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None,
-                   repetition_penalty=None, eos_token_id=eos_id, pad_token_id=eos_id)
+    options = dict(
+        attention_mask=torch.ones_like(inputs),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        repetition_penalty=None,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
     if prompt_lookup is not None:
         options["prompt_lookup_num_tokens"] = prompt_lookup
     if force_length:
@@ -227,9 +263,13 @@ def transformers_generate(model: Any, prompt_ids: Sequence[int], *, max_new_toke
             end = time.perf_counter()
     finally:
         handle.remove()
-    tokens = out[0, len(prompt_ids):].tolist()
-    return GenerationResult(tokens=tokens, stats=count_rounds(
-        recorder.calls, tokens, prompt_len=len(prompt_ids), start=start, end=end))
+    tokens = out[0, len(prompt_ids) :].tolist()
+    return GenerationResult(
+        tokens=tokens,
+        stats=count_rounds(
+            recorder.calls, tokens, prompt_len=len(prompt_ids), start=start, end=end
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -260,8 +300,9 @@ class TransformersPeer:
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
 
-    def __call__(self, prompt_ids: Sequence[int], spec: SpecConfig, *,
-                 eos_id: int) -> GenerationResult:
+    def __call__(
+        self, prompt_ids: Sequence[int], spec: SpecConfig, *, eos_id: int
+    ) -> GenerationResult:
         """Generate greedily for ``prompt_ids`` with ``spec.max_new_tokens``.
 
         Raises:
@@ -269,17 +310,26 @@ class TransformersPeer:
           ReferenceStackMissingError: the reference stack is not installed.
         """
         if spec.sampling:
-            raise ValueError("the transformers peers decode greedily; got a sampling spec "
-                             f"(temperature {spec.temperature})")
+            raise ValueError(
+                "the transformers peers decode greedily; got a sampling spec "
+                f"(temperature {spec.temperature})"
+            )
         model = _shared_teacher(self.gguf_path)
         set_torch_threads(self.torch_threads)
-        return transformers_generate(model, prompt_ids, max_new_tokens=spec.max_new_tokens,
-                                     eos_id=eos_id, prompt_lookup=self.prompt_lookup)
+        return transformers_generate(
+            model,
+            prompt_ids,
+            max_new_tokens=spec.max_new_tokens,
+            eos_id=eos_id,
+            prompt_lookup=self.prompt_lookup,
+        )
 
     def describe(self) -> dict[str, Any]:
         """The settings in effect, for the report: torch's thread count decides its speed."""
         torch, transformers = import_reference_stack()
-        return {"implementation": f"transformers {transformers.__version__}, torch "
-                                  f"{torch.__version__}",
-                "prompt_lookup": self.prompt_lookup, "gguf_path": self.gguf_path,
-                "torch_threads": torch.get_num_threads()}
+        return {
+            "implementation": f"transformers {transformers.__version__}, torch {torch.__version__}",
+            "prompt_lookup": self.prompt_lookup,
+            "gguf_path": self.gguf_path,
+            "torch_threads": torch.get_num_threads(),
+        }

@@ -14,19 +14,34 @@ from typing import Any, Callable, Protocol, Sequence
 
 from eaglepangu_jax.drafters.registry import (
     MARGINAL,
-    NAMES as DRAFTER_NAMES,
     DrafterUnavailableError,
     configure_drafter,
     load_shipped,
     make_drafter,
 )
+from eaglepangu_jax.drafters.registry import (
+    NAMES as DRAFTER_NAMES,
+)
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.decode import GenerationResult
 from eaglepangu_jax.methods import peers
 
-__all__ = ["REFERENCE", "PEER_METHODS", "METHODS", "DEFAULT_BUDGET", "DEFAULT_DEPTH",
-           "CPU_PEAK_FLOPS", "CPU_BANDWIDTH", "DrafterUnavailableError", "PeerRunner",
-           "Method", "parse_methods", "load_eagle3", "load_block", "make_method"]
+__all__ = [
+    "REFERENCE",
+    "PEER_METHODS",
+    "METHODS",
+    "DEFAULT_BUDGET",
+    "DEFAULT_DEPTH",
+    "CPU_PEAK_FLOPS",
+    "CPU_BANDWIDTH",
+    "DrafterUnavailableError",
+    "PeerRunner",
+    "Method",
+    "parse_methods",
+    "load_eagle3",
+    "load_block",
+    "make_method",
+]
 
 REFERENCE = "greedy"
 # Peers: other implementations decoding the same GGUF file, run beside ours; the value is the
@@ -44,8 +59,9 @@ CPU_BANDWIDTH = 24e9
 class PeerRunner(Protocol):
     """Runs a method outside the JAX engine (see :mod:`eaglepangu_jax.methods.peers`)."""
 
-    def __call__(self, prompt_ids: Sequence[int], spec: SpecConfig, *,
-                 eos_id: int) -> GenerationResult:
+    def __call__(
+        self, prompt_ids: Sequence[int], spec: SpecConfig, *, eos_id: int
+    ) -> GenerationResult:
         """Generate for ``prompt_ids``, counted like :func:`generate`: the generated ids, one
         round per teacher forward, decode seconds apart from the prefill."""
 
@@ -95,9 +111,14 @@ def load_block(*, budget: int = DEFAULT_BUDGET) -> tuple[Any, Any]:
     return load_shipped("block", budget=budget)
 
 
-def make_method(name: str, spec: SpecConfig, *, default_depth: bool = False,
-                eagle3_loader: Callable[[], tuple[Any, Any]] | None = None,
-                torch_threads: int | None = None) -> Method:
+def make_method(
+    name: str,
+    spec: SpecConfig,
+    *,
+    default_depth: bool = False,
+    eagle3_loader: Callable[[], tuple[Any, Any]] | None = None,
+    torch_threads: int | None = None,
+) -> Method:
     """Build a benchmark method; ``spec``'s budget and depth configure the drafter.
 
     Args:
@@ -136,8 +157,9 @@ def make_method(name: str, spec: SpecConfig, *, default_depth: bool = False,
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
     if spec.depth > drafter.max_depth:
         if not default_depth:
-            raise ValueError(f"depth {spec.depth} is above the {name} drafter's maximum "
-                             f"{drafter.max_depth}")
+            raise ValueError(
+                f"depth {spec.depth} is above the {name} drafter's maximum {drafter.max_depth}"
+            )
         spec = dataclasses.replace(spec, depth=drafter.max_depth)
         drafter = configure_drafter(drafter, budget=spec.budget, depth=spec.depth)
     return Method(name=name, spec=spec, drafter=drafter, draft_params=params)
@@ -150,6 +172,5 @@ def _peer_method(name: str, spec: SpecConfig, torch_threads: int | None) -> Meth
         raise DrafterUnavailableError(f"{name}: {err}") from None
     if spec.sampling:
         raise ValueError(f"{name} decodes greedily; it cannot run a sampling spec")
-    runner = peers.TransformersPeer(prompt_lookup=PEER_METHODS[name],
-                                    torch_threads=torch_threads)
+    runner = peers.TransformersPeer(prompt_lookup=PEER_METHODS[name], torch_threads=torch_threads)
     return Method(name=name, spec=spec, runner=runner)

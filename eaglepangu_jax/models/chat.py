@@ -40,8 +40,9 @@ def _compile(template: str):
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError as err:
         raise ImportError("rendering chat templates needs jinja2: pip install jinja2") from err
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.globals["raise_exception"] = _raise_exception
     return env.from_string(template)
 
@@ -55,14 +56,17 @@ def _check_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
             raise TypeError(f"message {i} is a {type(message).__name__}, expected a mapping")
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
-                raise ValueError(f"message {i} needs a string {key!r}, got "
-                                 f"{message.get(key)!r}")
+                raise ValueError(f"message {i} needs a string {key!r}, got {message.get(key)!r}")
         checked.append(dict(message))
     return checked
 
 
-def render_chat(messages: Sequence[Message], add_generation_prompt: bool = True, *,
-                tokenizer: Tokenizer | None = None) -> str:
+def render_chat(
+    messages: Sequence[Message],
+    add_generation_prompt: bool = True,
+    *,
+    tokenizer: Tokenizer | None = None,
+) -> str:
     """The prompt text for ``messages`` under the teacher's chat template.
 
     Args:
@@ -79,12 +83,16 @@ def render_chat(messages: Sequence[Message], add_generation_prompt: bool = True,
     if not tokenizer.chat_template:
         raise ValueError("this tokenizer's model file has no chat template")
     return _compile(tokenizer.chat_template).render(
-        messages=checked, add_generation_prompt=add_generation_prompt,
-        bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+        messages=checked,
+        add_generation_prompt=add_generation_prompt,
+        bos_token=tokenizer.bos_token,
+        eos_token=tokenizer.eos_token,
+    )
 
 
-def encode_chat(tokenizer: Tokenizer, messages: Sequence[Message],
-                add_generation_prompt: bool = True) -> list[int]:
+def encode_chat(
+    tokenizer: Tokenizer, messages: Sequence[Message], add_generation_prompt: bool = True
+) -> list[int]:
     """Token ids of :func:`render_chat` (role markers are single special ids, no extra BOS)."""
     return tokenizer.encode(render_chat(messages, add_generation_prompt, tokenizer=tokenizer))
 

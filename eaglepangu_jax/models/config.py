@@ -42,8 +42,16 @@ class LlamaConfig:
             raise ValueError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
             )
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim", "max_position"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -59,9 +67,15 @@ class LlamaConfig:
         """Shape of each stacked per-layer parameter (leading axis ``L``)."""
         n, h, f = self.num_layers, self.hidden_size, self.intermediate_size
         return {
-            "attn_norm": (n, h), "wq": (n, h, self.q_width), "wk": (n, h, self.kv_width),
-            "wv": (n, h, self.kv_width), "wo": (n, self.q_width, h), "mlp_norm": (n, h),
-            "w_gate": (n, h, f), "w_up": (n, h, f), "w_down": (n, f, h),
+            "attn_norm": (n, h),
+            "wq": (n, h, self.q_width),
+            "wk": (n, h, self.kv_width),
+            "wv": (n, h, self.kv_width),
+            "wo": (n, self.q_width, h),
+            "mlp_norm": (n, h),
+            "w_gate": (n, h, f),
+            "w_up": (n, h, f),
+            "w_down": (n, f, h),
         }
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -76,17 +90,39 @@ class LlamaConfig:
     @classmethod
     def smollm2_135m(cls, **override) -> "LlamaConfig":
         """SmolLM2-135M-Instruct (REFERENCE facts; the GGUF loader reads the same from metadata)."""
-        base = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
-                    num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
-                    rms_norm_eps=1e-5, max_position=8192, tie_embeddings=True,
-                    bos_id=1, eos_id=2)
+        base = dict(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_layers=30,
+            num_heads=9,
+            num_kv_heads=3,
+            head_dim=64,
+            rope_theta=100000.0,
+            rms_norm_eps=1e-5,
+            max_position=8192,
+            tie_embeddings=True,
+            bos_id=1,
+            eos_id=2,
+        )
         return cls(**{**base, **override})
 
     @classmethod
     def tiny(cls, **override) -> "LlamaConfig":
         """A small random-weight config of the same architecture, for fast tests."""
-        base = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=3,
-                    num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0,
-                    rms_norm_eps=1e-5, max_position=256, tie_embeddings=True,
-                    bos_id=1, eos_id=2)
+        base = dict(
+            vocab_size=97,
+            hidden_size=32,
+            intermediate_size=64,
+            num_layers=3,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+            max_position=256,
+            tie_embeddings=True,
+            bos_id=1,
+            eos_id=2,
+        )
         return cls(**{**base, **override})

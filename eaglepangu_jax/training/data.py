@@ -31,9 +31,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from eaglepangu_jax import cache as cache_lib
-from eaglepangu_jax.files import atomic_write, sha256_file
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.decode import Teacher, generate_batch, prefill
+from eaglepangu_jax.files import atomic_write, sha256_file
 
 # Bump when the shard contents or their computation change.
 CODE_VERSION = 1
@@ -55,8 +55,10 @@ class DataSettings:
 
     def __post_init__(self):
         if self.max_new_tokens < 1 or self.shard_size < 1:
-            raise ValueError(f"max_new_tokens and shard_size must be >= 1, got "
-                             f"{self.max_new_tokens}, {self.shard_size}")
+            raise ValueError(
+                f"max_new_tokens and shard_size must be >= 1, got "
+                f"{self.max_new_tokens}, {self.shard_size}"
+            )
         if not self.feature_layers:
             raise ValueError("feature_layers must name at least one teacher layer")
 
@@ -79,12 +81,15 @@ class Shard:
 
 def shard_key(fingerprint: str, prompts: Sequence[Sequence[int]], settings: DataSettings) -> str:
     """The content address of a shard (hex sha256)."""
-    blob = json.dumps({
-        "teacher": fingerprint,
-        "prompts": [list(map(int, p)) for p in prompts],
-        "settings": dataclasses.asdict(settings),
-        "code_version": CODE_VERSION,
-    }, sort_keys=True)
+    blob = json.dumps(
+        {
+            "teacher": fingerprint,
+            "prompts": [list(map(int, p)) for p in prompts],
+            "settings": dataclasses.asdict(settings),
+            "code_version": CODE_VERSION,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -98,34 +103,41 @@ def load_shard(directory: Path, key: str) -> Shard | None:
         if meta.get("key") != key or sha256_file(data_path) != meta.get("sha256"):
             return None
         arrays = load_file(str(data_path))
-        return Shard(tokens=arrays["tokens"], offsets=arrays["offsets"],
-                     prompt_lens=arrays["prompt_lens"], features=arrays["features"])
+        return Shard(
+            tokens=arrays["tokens"],
+            offsets=arrays["offsets"],
+            prompt_lens=arrays["prompt_lens"],
+            features=arrays["features"],
+        )
     except (OSError, ValueError, KeyError):
         return None
 
 
-def generate_shard(teacher: Teacher, prompts: Sequence[Sequence[int]],
-                   settings: DataSettings) -> Shard:
+def generate_shard(
+    teacher: Teacher, prompts: Sequence[Sequence[int]], settings: DataSettings
+) -> Shard:
     """Greedy answers for ``prompts`` (one batch) and the features of each full sequence."""
-    spec = SpecConfig(policy="drafter", budget=1, depth=1,
-                      max_new_tokens=settings.max_new_tokens)
+    spec = SpecConfig(policy="drafter", budget=1, depth=1, max_new_tokens=settings.max_new_tokens)
     results = generate_batch(teacher, None, [list(p) for p in prompts], spec)
     tokens, feats, prompt_lens = [], [], []
     cfg = teacher.config
     for prompt, result in zip(prompts, results):
         seq = np.asarray(list(prompt) + list(result.tokens), np.int32)
         slots = -(-len(seq) // 64) * 64
-        kv = cache_lib.init(cfg.num_layers, slots, cfg.num_kv_heads, cfg.head_dim,
-                            teacher.params["embed"].dtype)
-        _, f = prefill(teacher.params, cfg, seq, kv,
-                       feature_layers=tuple(settings.feature_layers))
+        kv = cache_lib.init(
+            cfg.num_layers, slots, cfg.num_kv_heads, cfg.head_dim, teacher.params["embed"].dtype
+        )
+        _, f = prefill(teacher.params, cfg, seq, kv, feature_layers=tuple(settings.feature_layers))
         tokens.append(seq)
         feats.append(np.asarray(f, np.float32).astype(np.float16))
         prompt_lens.append(len(prompt))
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in tokens])]).astype(np.int64)
-    return Shard(tokens=np.concatenate(tokens), offsets=offsets,
-                 prompt_lens=np.asarray(prompt_lens, np.int32),
-                 features=np.concatenate(feats, axis=0))
+    return Shard(
+        tokens=np.concatenate(tokens),
+        offsets=offsets,
+        prompt_lens=np.asarray(prompt_lens, np.int32),
+        features=np.concatenate(feats, axis=0),
+    )
 
 
 def save_shard(directory: Path, key: str, shard: Shard, info: dict[str, Any]) -> None:
@@ -133,12 +145,18 @@ def save_shard(directory: Path, key: str, shard: Shard, info: dict[str, Any]) ->
     from safetensors.numpy import save_file
 
     data_path = directory / f"{key}.safetensors"
-    arrays = {"tokens": shard.tokens, "offsets": shard.offsets,
-              "prompt_lens": shard.prompt_lens, "features": shard.features}
+    arrays = {
+        "tokens": shard.tokens,
+        "offsets": shard.offsets,
+        "prompt_lens": shard.prompt_lens,
+        "features": shard.features,
+    }
     atomic_write(data_path, lambda tmp: save_file(arrays, str(tmp)))
     meta = {"key": key, "sha256": sha256_file(data_path), **info}
-    atomic_write(directory / f"{key}.json",
-                 lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)))
+    atomic_write(
+        directory / f"{key}.json",
+        lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)),
+    )
 
 
 def build_dataset(
@@ -164,16 +182,23 @@ def build_dataset(
       progress: show a progress bar.
     """
     directory = Path(directory)
-    chunks = [prompts[i: i + settings.shard_size]
-              for i in range(0, len(prompts), settings.shard_size)]
+    chunks = [
+        prompts[i : i + settings.shard_size] for i in range(0, len(prompts), settings.shard_size)
+    ]
     keys = [shard_key(fingerprint, chunk, settings) for chunk in chunks]
     missing = [i for i, key in enumerate(keys) if load_shard(directory, key) is None]
-    if missing and ray_address is not None and _run_with_ray(
-            teacher, chunks, keys, missing, settings, directory, fingerprint, ray_address):
+    if (
+        missing
+        and ray_address is not None
+        and _run_with_ray(
+            teacher, chunks, keys, missing, settings, directory, fingerprint, ray_address
+        )
+    ):
         missing = []
     iterator = missing
     if progress and missing:
         from tqdm.auto import tqdm
+
         iterator = tqdm(missing, desc="teacher shards")
     for i in iterator:
         shard = generate_shard(teacher, chunks[i], settings)
@@ -187,32 +212,44 @@ def load_dataset(directory: str | os.PathLike, keys: Sequence[str]) -> list[Shar
     for key in keys:
         shard = load_shard(Path(directory), key)
         if shard is None:
-            raise ValueError(f"shard {key} in {directory} is missing or corrupt; rebuild it "
-                             f"with build_dataset")
+            raise ValueError(
+                f"shard {key} in {directory} is missing or corrupt; rebuild it with build_dataset"
+            )
         shards.append(shard)
     return shards
 
 
 def _info(fingerprint: str, settings: DataSettings, n: int) -> dict[str, Any]:
-    return {"teacher": fingerprint, "settings": dataclasses.asdict(settings),
-            "code_version": CODE_VERSION, "num_sequences": n}
+    return {
+        "teacher": fingerprint,
+        "settings": dataclasses.asdict(settings),
+        "code_version": CODE_VERSION,
+        "num_sequences": n,
+    }
 
 
-def _run_with_ray(teacher, chunks, keys, missing, settings, directory, fingerprint,
-                  address) -> bool:
+def _run_with_ray(
+    teacher, chunks, keys, missing, settings, directory, fingerprint, address
+) -> bool:
     """Generate the missing shards as Ray tasks; False when Ray is unavailable."""
     try:
         import ray
     except ImportError:
-        warnings.warn("ray_address given but Ray is not installed; generating locally")
+        warnings.warn(
+            "ray_address given but Ray is not installed; generating locally", stacklevel=2
+        )
         return False
     ray.init(address=address, ignore_reinit_error=True)
     params_ref = ray.put(teacher)
 
     @ray.remote
     def task(t, chunk, key):
-        save_shard(directory, key, generate_shard(t, chunk, settings),
-                   _info(fingerprint, settings, len(chunk)))
+        save_shard(
+            directory,
+            key,
+            generate_shard(t, chunk, settings),
+            _info(fingerprint, settings, len(chunk)),
+        )
         return key
 
     ray.get([task.remote(params_ref, chunks[i], keys[i]) for i in missing])

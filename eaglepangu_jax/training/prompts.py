@@ -23,15 +23,46 @@ import inspect
 import random
 
 TOPICS = (
-    "volcanoes", "honey bees", "the printing press", "solar panels", "coral reefs",
-    "chess openings", "bread baking", "the water cycle", "electric cars", "public libraries",
-    "jazz music", "the immune system", "recycling plastics", "mountain hiking",
-    "the history of maps", "black holes", "urban gardening", "time management",
-    "learning a new language", "remote work", "ancient Egypt", "the stock market",
-    "photosynthesis", "bicycles", "rainforests", "video game design", "healthy sleep",
-    "the moon landing", "wind turbines", "coffee", "earthquakes", "board games",
-    "the human heart", "origami", "renewable energy", "penguins", "cloud computing",
-    "the Roman Empire", "meditation", "weather forecasting",
+    "volcanoes",
+    "honey bees",
+    "the printing press",
+    "solar panels",
+    "coral reefs",
+    "chess openings",
+    "bread baking",
+    "the water cycle",
+    "electric cars",
+    "public libraries",
+    "jazz music",
+    "the immune system",
+    "recycling plastics",
+    "mountain hiking",
+    "the history of maps",
+    "black holes",
+    "urban gardening",
+    "time management",
+    "learning a new language",
+    "remote work",
+    "ancient Egypt",
+    "the stock market",
+    "photosynthesis",
+    "bicycles",
+    "rainforests",
+    "video game design",
+    "healthy sleep",
+    "the moon landing",
+    "wind turbines",
+    "coffee",
+    "earthquakes",
+    "board games",
+    "the human heart",
+    "origami",
+    "renewable energy",
+    "penguins",
+    "cloud computing",
+    "the Roman Empire",
+    "meditation",
+    "weather forecasting",
 )
 
 INSTRUCTIONS = (
@@ -49,9 +80,28 @@ INSTRUCTIONS = (
     "Create a short quiz with three questions about {topic}.",
 )
 
-CODE_MODULES = ("textwrap", "string", "os.path", "shutil", "json", "base64", "calendar",
-                "fnmatch", "glob", "heapq", "bisect", "statistics", "random", "colorsys",
-                "difflib", "html", "urllib.parse", "copy", "functools", "itertools")
+CODE_MODULES = (
+    "textwrap",
+    "string",
+    "os.path",
+    "shutil",
+    "json",
+    "base64",
+    "calendar",
+    "fnmatch",
+    "glob",
+    "heapq",
+    "bisect",
+    "statistics",
+    "random",
+    "colorsys",
+    "difflib",
+    "html",
+    "urllib.parse",
+    "copy",
+    "functools",
+    "itertools",
+)
 
 
 def chat_prompts() -> list[str]:
@@ -91,8 +141,9 @@ def code_prompts() -> list[str]:
                 signature = _signature(fn)
             except (TypeError, ValueError):
                 continue
-            out.append(f"Write a Python function `{name}{signature}` that does the following: "
-                       f"{text}")
+            out.append(
+                f"Write a Python function `{name}{signature}` that does the following: {text}"
+            )
     return out
 
 

@@ -35,10 +35,10 @@ import numpy as np
 import optax
 
 from eaglepangu_jax.drafters import block, eagle3
-from eaglepangu_jax.drafters.vocab import DraftVocab
-from eaglepangu_jax.training import train_block
 from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
 from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
+from eaglepangu_jax.drafters.vocab import DraftVocab
+from eaglepangu_jax.training import train_block
 from eaglepangu_jax.training.data import Shard
 
 STEP_DECAY = 0.8
@@ -61,8 +61,7 @@ class TrainConfig:
     checkpoint_every: int = 25
 
     def __post_init__(self):
-        for field in ("steps", "batch_size", "seq_len", "ttt_steps", "anchors",
-                      "checkpoint_every"):
+        for field in ("steps", "batch_size", "seq_len", "ttt_steps", "anchors", "checkpoint_every"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
         if self.context_window < 0:
@@ -101,36 +100,44 @@ def make_batches(shards: Sequence[Shard], vocab: DraftVocab, seq_len: int) -> Ba
             lengths.append(n)
     if not toks:
         raise ValueError("no training sequences")
-    return Batches(np.stack(toks), np.stack(tgts), np.stack(feats),
-                   np.asarray(prompt_lens, np.int32), np.asarray(lengths, np.int32))
+    return Batches(
+        np.stack(toks),
+        np.stack(tgts),
+        np.stack(feats),
+        np.asarray(prompt_lens, np.int32),
+        np.asarray(lengths, np.int32),
+    )
 
 
-def sequence_loss(head: dict, config: eagle3.Eagle3Config, embed, features, tokens, targets,
-                  steps: int):
+def sequence_loss(
+    head: dict, config: eagle3.Eagle3Config, embed, features, tokens, targets, steps: int
+):
     """Weighted training-time-test loss of one sequence and per-step (loss sum, hits, count)."""
     logits = eagle3.ttt_logits(head, config, embed, features, tokens, steps)  # [K, T, Vd]
     t = tokens.shape[0]
-    total, stats = jnp.float32(0.0), []
+    stats = []
     for i in range(steps):
-        tgt = jnp.concatenate([targets[i + 2:], jnp.full((i + 2,), -1, jnp.int32)])[:t]
+        tgt = jnp.concatenate([targets[i + 2 :], jnp.full((i + 2,), -1, jnp.int32)])[:t]
         ok = tgt >= 0
         logp = jax.nn.log_softmax(logits[i], axis=-1)
         picked = jnp.take_along_axis(logp, jnp.maximum(tgt, 0)[:, None], axis=-1)[:, 0]
         nll = jnp.where(ok, -picked, 0.0)
         hit = ok & (jnp.argmax(logits[i], axis=-1) == tgt)
-        stats.append((jnp.sum(nll), jnp.sum(hit.astype(jnp.float32)),
-                      jnp.sum(ok.astype(jnp.float32))))
+        stats.append(
+            (jnp.sum(nll), jnp.sum(hit.astype(jnp.float32)), jnp.sum(ok.astype(jnp.float32)))
+        )
     return stats
 
 
 def batch_loss(head, config, embed, features, tokens, targets, steps):
     """Mean over each step's targets, steps weighted ``0.8 ** i``; also step accuracies."""
-    per = jax.vmap(lambda f, tk, tg: sequence_loss(head, config, embed, f.astype(jnp.float32),
-                                                   tk, tg, steps))(features, tokens, targets)
+    per = jax.vmap(
+        lambda f, tk, tg: sequence_loss(head, config, embed, f.astype(jnp.float32), tk, tg, steps)
+    )(features, tokens, targets)
     loss, accs = jnp.float32(0.0), []
     for i, (nll, hit, count) in enumerate(per):
         n = jnp.maximum(jnp.sum(count), 1.0)
-        loss = loss + jnp.float32(STEP_DECAY ** i) * jnp.sum(nll) / n
+        loss = loss + jnp.float32(STEP_DECAY**i) * jnp.sum(nll) / n
         accs.append(jnp.sum(hit) / n)
     return loss, jnp.stack(accs)
 
@@ -147,16 +154,19 @@ def lr_schedule(cfg: TrainConfig):
         t = jnp.asarray(count).astype(jnp.float32)
         warmup = jnp.float32(peak) * t / jnp.float32(warm)
         frac = jnp.clip((t - jnp.float32(warm)) / jnp.float32(max(cfg.steps - warm, 1)), 0.0, 1.0)
-        cosine = jnp.float32(peak) * (jnp.float32(0.05) + jnp.float32(0.95 * 0.5)
-                                      * (1.0 + jnp.cos(jnp.float32(math.pi) * frac)))
+        cosine = jnp.float32(peak) * (
+            jnp.float32(0.05)
+            + jnp.float32(0.95 * 0.5) * (1.0 + jnp.cos(jnp.float32(math.pi) * frac))
+        )
         return jnp.where(t < jnp.float32(warm), warmup, cosine)
 
     return schedule
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    return optax.chain(optax.clip_by_global_norm(1.0),
-                       optax.adamw(lr_schedule(cfg), weight_decay=cfg.weight_decay))
+    return optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(lr_schedule(cfg), weight_decay=cfg.weight_decay)
+    )
 
 
 def batch_indices(step: int, num: int, cfg: TrainConfig) -> np.ndarray:
@@ -166,7 +176,7 @@ def batch_indices(step: int, num: int, cfg: TrainConfig) -> np.ndarray:
     order = np.random.default_rng([cfg.seed, epoch]).permutation(num)
     if num < cfg.batch_size:
         order = np.resize(order, cfg.batch_size)
-    return order[k * cfg.batch_size: (k + 1) * cfg.batch_size]
+    return order[k * cfg.batch_size : (k + 1) * cfg.batch_size]
 
 
 # ------------------------------------------------------------------------------------ kinds
@@ -216,11 +226,22 @@ def kind_of(config: Any) -> Kind:
 # ------------------------------------------------------------------------------------ loop
 
 
-def train(batches: Batches, config: Any, vocab: DraftVocab, embed, cfg: TrainConfig, *,
-          fingerprint: str, checkpoint: str | Path | None = None, resume: bool = True,
-          final_norm=None, progress: bool = True, until: int | None = None,
-          monitor: Callable[[int, dict], None] | None = None, monitor_every: int = 100
-          ) -> tuple[dict, list[float]]:
+def train(
+    batches: Batches,
+    config: Any,
+    vocab: DraftVocab,
+    embed,
+    cfg: TrainConfig,
+    *,
+    fingerprint: str,
+    checkpoint: str | Path | None = None,
+    resume: bool = True,
+    final_norm=None,
+    progress: bool = True,
+    until: int | None = None,
+    monitor: Callable[[int, dict], None] | None = None,
+    monitor_every: int = 100,
+) -> tuple[dict, list[float]]:
     """Train a head of ``config``'s kind; returns ``(head, losses)``.
 
     Args:
@@ -234,33 +255,40 @@ def train(batches: Batches, config: Any, vocab: DraftVocab, embed, cfg: TrainCon
     kind = kind_of(config)
     embed = jnp.asarray(embed, jnp.float32)
     d2t = jnp.asarray(vocab.d2t)
-    head = kind.init_head(config, jax.random.key(cfg.seed), embed=embed, d2t=d2t,
-                          final_norm=final_norm)
+    head = kind.init_head(
+        config, jax.random.key(cfg.seed), embed=embed, d2t=d2t, final_norm=final_norm
+    )
     opt = make_optimizer(cfg)
     opt_state = opt.init(head)
     start, losses = 0, []
     if checkpoint is not None and resume and Path(checkpoint).with_suffix(".json").exists():
-        _, head, _, meta, leaves = load_checkpoint(checkpoint, fingerprint=fingerprint,
-                                                   config=config)
+        _, head, _, meta, leaves = load_checkpoint(
+            checkpoint, fingerprint=fingerprint, config=config
+        )
         # Resuming under other settings (another schedule, batch or seed) would silently
         # splice two different runs into one curve.
         stored = meta.get("train", {})
-        changed = sorted(k for k, v in dataclasses.asdict(cfg).items()
-                         if k in stored and stored[k] != v)
+        changed = sorted(
+            k for k, v in dataclasses.asdict(cfg).items() if k in stored and stored[k] != v
+        )
         if changed:
-            raise ValueError(f"checkpoint {checkpoint} belongs to a run with other settings "
-                             f"({', '.join(f'{k}={stored[k]}' for k in changed)}); use the "
-                             f"same settings, another path, or resume=False")
+            raise ValueError(
+                f"checkpoint {checkpoint} belongs to a run with other settings "
+                f"({', '.join(f'{k}={stored[k]}' for k in changed)}); use the "
+                f"same settings, another path, or resume=False"
+            )
         treedef = jax.tree_util.tree_structure(opt_state)
         old = jax.tree_util.tree_leaves(opt_state)
         opt_state = jax.tree_util.tree_unflatten(
-            treedef, [jnp.asarray(leaves[i]).astype(o.dtype) for i, o in enumerate(old)])
+            treedef, [jnp.asarray(leaves[i]).astype(o.dtype) for i, o in enumerate(old)]
+        )
         start, losses = int(meta["step"]), list(meta["losses"])
 
     @jax.jit
     def step_fn(head, opt_state, arrays):
         (loss, accs), grads = jax.value_and_grad(
-            lambda h: kind.loss(h, config, embed, arrays, cfg), has_aux=True)(head)
+            lambda h: kind.loss(h, config, embed, arrays, cfg), has_aux=True
+        )(head)
         # optax's bias correction mixes a Python float with the int32 count, which strict
         # dtype promotion (as set by the test suite) rejects; our own code stays explicit.
         with jax.numpy_dtype_promotion("standard"):
@@ -272,6 +300,7 @@ def train(batches: Batches, config: Any, vocab: DraftVocab, embed, cfg: TrainCon
     bar = None
     if progress:
         from tqdm.auto import tqdm
+
         bar = tqdm(steps, desc=kind.name, initial=start, total=cfg.steps)
         steps = bar
     num = batches.tokens.shape[0]
@@ -286,11 +315,20 @@ def train(batches: Batches, config: Any, vocab: DraftVocab, embed, cfg: TrainCon
         if monitor is not None and (done % monitor_every == 0 or done == stop):
             monitor(done, head)
         if checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == stop):
-            save_checkpoint(checkpoint, head, config, vocab.d2t, fingerprint=fingerprint,
-                            opt_state=opt_state, extra={
-                                "step": done, "losses": losses,
-                                "train": dataclasses.asdict(cfg),
-                                "vocab_coverage": vocab.coverage})
+            save_checkpoint(
+                checkpoint,
+                head,
+                config,
+                vocab.d2t,
+                fingerprint=fingerprint,
+                opt_state=opt_state,
+                extra={
+                    "step": done,
+                    "losses": losses,
+                    "train": dataclasses.asdict(cfg),
+                    "vocab_coverage": vocab.coverage,
+                },
+            )
     return head, losses
 
 

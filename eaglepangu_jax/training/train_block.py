@@ -41,8 +41,9 @@ def anchor_range(prompt_len: int, length: int) -> tuple[int, int]:
     return max(prompt_len - 1, 0), max(length - 1, 0)
 
 
-def sample_anchors(prompt_lens: np.ndarray, lengths: np.ndarray, num_anchors: int,
-                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def sample_anchors(
+    prompt_lens: np.ndarray, lengths: np.ndarray, num_anchors: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """``A`` distinct anchors per sequence, uniform over its valid range; ``ok`` is False for
     the padding of sequences with fewer than ``A`` valid anchors."""
     b = len(prompt_lens)
@@ -80,19 +81,26 @@ def all_anchors(prompt_lens: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarra
     return anchors, ok
 
 
-def block_targets(targets: Int[Array, "T"], anchors: Int[Array, "A"], block_size: int
-                  ) -> Int[Array, "A D"]:
+def block_targets(
+    targets: Int[Array, " T"], anchors: Int[Array, " A"], block_size: int
+) -> Int[Array, "A D"]:
     """Draft id of the token at ``anchor + i + 1`` for each slot ``i``; ``-1``: not a target."""
     t = targets.shape[0]
     index = anchors[:, None] + 1 + jnp.arange(block_size, dtype=jnp.int32)[None, :]
     return jnp.where(index < t, targets[jnp.minimum(index, t - 1)], -1)
 
 
-def sequence_scores(head: dict, config: block.BlockConfig, embed: Float[Array, "V H"],
-                    features: Float[Array, "T F H"], tokens: Int[Array, "T"],
-                    targets: Int[Array, "T"], anchors: Int[Array, "A"], ok: Bool[Array, "A"],
-                    since: Int[Array, "A"]
-                    ) -> tuple[Float[Array, "A D"], Bool[Array, "A D"], Bool[Array, "A D"]]:
+def sequence_scores(
+    head: dict,
+    config: block.BlockConfig,
+    embed: Float[Array, "V H"],
+    features: Float[Array, "T F H"],
+    tokens: Int[Array, " T"],
+    targets: Int[Array, " T"],
+    anchors: Int[Array, " A"],
+    ok: Bool[Array, " A"],
+    since: Int[Array, " A"],
+) -> tuple[Float[Array, "A D"], Bool[Array, "A D"], Bool[Array, "A D"]]:
     """Per anchor and slot of one sequence: target log-probability, top-1 hit, target valid.
     Block ``a`` sees the context positions ``since[a] <= s < anchors[a]``."""
     t = tokens.shape[0]
@@ -101,8 +109,9 @@ def sequence_scores(head: dict, config: block.BlockConfig, embed: Float[Array, "
     ctx_k, ctx_v = block.context_kv(head, config, stream, positions)
     visible = (positions[None, :] < anchors[:, None]) & (positions[None, :] >= since[:, None])
     last = jnp.where((anchors > since)[:, None], stream[jnp.maximum(anchors - 1, 0)], 0.0)
-    logits = block.block_logits(head, config, embed, ctx_k, ctx_v, visible, tokens[anchors],
-                                anchors, last)  # [A, D, Vd]
+    logits = block.block_logits(
+        head, config, embed, ctx_k, ctx_v, visible, tokens[anchors], anchors, last
+    )  # [A, D, Vd]
     tgt = block_targets(targets, anchors, config.block_size)
     valid = (tgt >= 0) & ok[:, None]
     logp = jax.nn.log_softmax(logits, axis=-1)
@@ -111,10 +120,17 @@ def sequence_scores(head: dict, config: block.BlockConfig, embed: Float[Array, "
     return jnp.where(valid, picked, 0.0), hit, valid
 
 
-def batch_loss(head: dict, config: block.BlockConfig, embed: Float[Array, "V H"],
-               features: Float[Array, "B T F H"], tokens: Int[Array, "B T"],
-               targets: Int[Array, "B T"], anchors: Int[Array, "B A"], ok: Bool[Array, "B A"],
-               since: Int[Array, "B A"]) -> tuple[Float[Array, ""], Float[Array, "D"]]:
+def batch_loss(
+    head: dict,
+    config: block.BlockConfig,
+    embed: Float[Array, "V H"],
+    features: Float[Array, "B T F H"],
+    tokens: Int[Array, "B T"],
+    targets: Int[Array, "B T"],
+    anchors: Int[Array, "B A"],
+    ok: Bool[Array, "B A"],
+    since: Int[Array, "B A"],
+) -> tuple[Float[Array, ""], Float[Array, " D"]]:
     """Depth-weighted mean cross-entropy and each depth's top-1 accuracy on the batch."""
     picked, hit, valid = jax.vmap(
         lambda f, tk, tg, an, k, w: sequence_scores(head, config, embed, f, tk, tg, an, k, w)
@@ -125,25 +141,35 @@ def batch_loss(head: dict, config: block.BlockConfig, embed: Float[Array, "V H"]
     return jnp.sum(weights * nll), jnp.sum(hit, axis=(0, 1)).astype(jnp.float32) / count
 
 
-def train_arrays(batches: Any, rows: np.ndarray, step: int, cfg: Any, config: Any
-                 ) -> tuple[np.ndarray, ...]:
+def train_arrays(
+    batches: Any, rows: np.ndarray, step: int, cfg: Any, config: Any
+) -> tuple[np.ndarray, ...]:
     """Host arrays of training step ``step``: the rows' data and their anchors."""
     rng = np.random.default_rng([cfg.seed, 1, step])  # a stream apart from batch_indices'
-    anchors, ok = sample_anchors(batches.prompt_lens[rows], batches.lengths[rows], cfg.anchors,
-                                 rng)
+    anchors, ok = sample_anchors(batches.prompt_lens[rows], batches.lengths[rows], cfg.anchors, rng)
     since = sample_windows(anchors, cfg.context_window, rng)
-    return (batches.features[rows], batches.tokens[rows], batches.targets[rows], anchors, ok,
-            since)
+    return (batches.features[rows], batches.tokens[rows], batches.targets[rows], anchors, ok, since)
 
 
-def loss(head: dict, config: block.BlockConfig, embed: Float[Array, "V H"],
-         arrays: tuple[Array, ...], cfg: Any) -> tuple[Float[Array, ""], Float[Array, "D"]]:
+def loss(
+    head: dict,
+    config: block.BlockConfig,
+    embed: Float[Array, "V H"],
+    arrays: tuple[Array, ...],
+    cfg: Any,
+) -> tuple[Float[Array, ""], Float[Array, " D"]]:
     """:func:`batch_loss` on :func:`train_arrays`' output (the shared loop's interface)."""
     return batch_loss(head, config, embed, *arrays)
 
 
-def evaluate(head: dict, config: block.BlockConfig, embed: Float[Array, "V H"], batches: Any,
-             *, chunk: int = 4) -> dict[str, Any]:
+def evaluate(
+    head: dict,
+    config: block.BlockConfig,
+    embed: Float[Array, "V H"],
+    batches: Any,
+    *,
+    chunk: int = 4,
+) -> dict[str, Any]:
     """Held-out figures over every valid anchor of ``batches``.
 
     Returns:
@@ -158,18 +184,27 @@ def evaluate(head: dict, config: block.BlockConfig, embed: Float[Array, "V H"], 
 
     @jax.jit
     def scores(features, tokens, targets, anchors, ok):
-        return jax.vmap(lambda f, tk, tg, an, k: sequence_scores(
-            head, config, embed, f, tk, tg, an, k, jnp.zeros_like(an)))(
-            features, tokens, targets, anchors, ok)
+        return jax.vmap(
+            lambda f, tk, tg, an, k: sequence_scores(
+                head, config, embed, f, tk, tg, an, k, jnp.zeros_like(an)
+            )
+        )(features, tokens, targets, anchors, ok)
 
     d = config.block_size
     nll, hits, counts = np.zeros(d), np.zeros(d), np.zeros(d)
     chain, num_anchors = np.zeros(d), 0
     for begin in range(0, batches.tokens.shape[0], chunk):
         sl = slice(begin, begin + chunk)
-        picked, hit, valid = (np.asarray(x) for x in scores(
-            jnp.asarray(batches.features[sl]), jnp.asarray(batches.tokens[sl]),
-            jnp.asarray(batches.targets[sl]), jnp.asarray(anchors[sl]), jnp.asarray(ok[sl])))
+        picked, hit, valid = (
+            np.asarray(x)
+            for x in scores(
+                jnp.asarray(batches.features[sl]),
+                jnp.asarray(batches.tokens[sl]),
+                jnp.asarray(batches.targets[sl]),
+                jnp.asarray(anchors[sl]),
+                jnp.asarray(ok[sl]),
+            )
+        )
         nll -= picked.sum(axis=(0, 1))
         hits += hit.sum(axis=(0, 1))
         counts += valid.sum(axis=(0, 1))
@@ -179,7 +214,11 @@ def evaluate(head: dict, config: block.BlockConfig, embed: Float[Array, "V H"], 
     counts = np.maximum(counts, 1)
     chain = chain / max(num_anchors, 1)
     weights = DEPTH_DECAY ** np.arange(d)
-    return {"accuracy": (hits / counts).tolist(), "nll": (nll / counts).tolist(),
-            "loss": float(np.sum(weights * nll / counts)),
-            "chain": chain.tolist(), "chain_accepted_length": float(1.0 + chain.sum()),
-            "anchors": num_anchors}
+    return {
+        "accuracy": (hits / counts).tolist(),
+        "nll": (nll / counts).tolist(),
+        "loss": float(np.sum(weights * nll / counts)),
+        "chain": chain.tolist(),
+        "chain_accepted_length": float(1.0 + chain.sum()),
+        "anchors": num_anchors,
+    }

@@ -1,0 +1,418 @@
+"""The draft controller: calibration bins, the draft-or-not decision, backoff and budget."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from eaglepangu_jax import draft_control as dc
+from eaglepangu_jax import tree as tree_lib
+from eaglepangu_jax import verify
+
+CONFIG = dc.ControlConfig()
+SLOTS, DEPTH = 6, 3
+
+update_jit = jax.jit(dc.update, static_argnums=1)
+should_draft_jit = jax.jit(dc.should_draft, static_argnums=1)
+calibrated_jit = jax.jit(dc.calibrated_logscores, static_argnums=3)
+choose_nodes_jit = jax.jit(dc.choose_nodes, static_argnums=1)
+pays_jit = jax.jit(dc.speculation_pays)
+keep_best_jit = jax.jit(tree_lib.keep_best)
+from_parents_jit = jax.jit(tree_lib.from_parents, static_argnames="max_depth")
+
+
+# ------------------------------------------------------------------ strategies
+
+
+def f32(lo, hi):
+    # No subnormals: XLA on CPU flushes them to zero.
+    return st.floats(float(np.float32(lo)), float(np.float32(hi)), width=32, allow_subnormal=False)
+
+
+nasty = st.sampled_from([math.nan, math.inf, -math.inf])
+counts = st.one_of(f32(0, 50), f32(-5, 0), nasty)
+logscore = st.one_of(f32(-3, 0.5), f32(-30, 0), nasty)
+
+
+@st.composite
+def stats_strategy(draw, finite=False):
+    b = CONFIG.num_bins
+    count = f32(0, 50) if finite else counts
+    scalar = f32(0, 12) if finite else st.one_of(f32(0, 12), nasty)
+    return dc.AcceptanceStats(
+        trials=jnp.asarray(draw(st.lists(count, min_size=b, max_size=b)), jnp.float32),
+        hits=jnp.asarray(draw(st.lists(count, min_size=b, max_size=b)), jnp.float32),
+        accepted_ema=jnp.float32(draw(scalar)),
+        nodes_ema=jnp.float32(draw(scalar)),
+        rounds_since_draft=jnp.int32(draw(st.integers(0, 100))),
+        backoff=jnp.int32(draw(st.integers(0, 100))),
+    )
+
+
+@st.composite
+def tree_strategy(draw):
+    parents = [0] + [draw(st.integers(0, i - 1)) for i in range(1, SLOTS)]
+    mostly_true = st.sampled_from([True, True, True, False])
+    valid = [True] + draw(st.lists(mostly_true, min_size=SLOTS - 1, max_size=SLOTS - 1))
+    scores = draw(st.lists(logscore, min_size=SLOTS, max_size=SLOTS))
+    return from_parents_jit(
+        np.asarray(parents, np.int32),
+        tokens=100 + np.arange(SLOTS),
+        valid=np.asarray(valid),
+        logscore=np.asarray(scores, np.float32),
+        max_depth=DEPTH,
+    )
+
+
+@st.composite
+def acceptance_strategy(draw, tree):
+    """``(length, path)`` as verify.Acceptance has them, stopping at a random valid slot."""
+    valid, depth, ancestors = (np.asarray(x) for x in (tree.valid, tree.depth, tree.ancestors))
+    stop = draw(st.integers(0, SLOTS - 1))
+    stop = stop if valid[stop] else 0
+    return int(depth[stop]), ancestors[stop]
+
+
+def no_bin_edge(logscores):
+    """Reject examples where float32 round-off could move a probability across a bin edge."""
+    for value in np.asarray(logscores, np.float64):
+        if np.isfinite(value):
+            x = min(math.exp(value), 1.0) * CONFIG.num_bins
+            assume(x >= CONFIG.num_bins or abs(x - round(x)) > 1e-3 or round(x) == 0)
+
+
+# ------------------------------------------------------------------ numpy references
+
+
+def ref_count(x):
+    return x if np.isfinite(x) and x > 0 else 0.0
+
+
+def ref_prob(value):
+    return 0.0 if np.isnan(value) else min(max(math.exp(min(value, 50.0)), 0.0), 1.0)
+
+
+def ref_bin(p):
+    return min(math.floor(p * CONFIG.num_bins), CONFIG.num_bins - 1)
+
+
+def ref_calibrated(stats, logscores, valid, config=CONFIG):
+    trials_b, hits_b = np.asarray(stats.trials, np.float64), np.asarray(stats.hits, np.float64)
+    out = []
+    for value, ok in zip(np.asarray(logscores, np.float64), np.asarray(valid)):
+        p = ref_prob(value)
+        b = ref_bin(p)
+        trials = ref_count(trials_b[b])
+        hits = min(ref_count(hits_b[b]), trials)
+        p_hat = (hits + config.prior_strength * p) / (trials + config.prior_strength)
+        out.append(math.log(p_hat) if ok and p_hat > 0 else -math.inf)
+    return np.asarray(out)
+
+
+def ref_pays(accepted, nodes, latency, t_draft):
+    """Rate of every node count in the table, then the one ``nodes`` rounds to."""
+    latency = np.asarray(latency, np.float64)
+    big_n = len(latency) - 1
+    if not all(np.isfinite([accepted, nodes, t_draft, latency[0]])) or latency[0] <= 0:
+        return False, math.inf
+    n = int(min(max(np.round(nodes), 1), big_n))
+    rates = {}
+    for k in range(1, big_n + 1):
+        spec = t_draft + latency[k]
+        rates[k] = (1 + accepted) / spec if np.isfinite(spec) and spec > 0 else None
+    if rates[n] is None:
+        return False, math.inf
+    plain = 1 / latency[0]
+    return rates[n] > plain, abs(rates[n] - plain) / plain
+
+
+def ref_update(stats, config, tree, length, path, speculated):
+    rounds, backoff = int(stats.rounds_since_draft), int(stats.backoff)
+    if not speculated:
+        return {
+            "trials": np.asarray(stats.trials),
+            "hits": np.asarray(stats.hits),
+            "accepted_ema": float(stats.accepted_ema),
+            "nodes_ema": float(stats.nodes_ema),
+            "rounds_since_draft": rounds + 1,
+            "backoff": backoff,
+        }
+    trials = [config.decay * ref_count(float(t)) for t in np.asarray(stats.trials)]
+    hits = [config.decay * ref_count(float(h)) for h in np.asarray(stats.hits)]
+    accepted_slots = {int(s) for s in path[1 : length + 1]}
+    nodes, valid, scores = 0, np.asarray(tree.valid), np.asarray(tree.logscore, np.float64)
+    for i in range(1, tree.num_slots):
+        if valid[i]:
+            nodes += 1
+            b = ref_bin(ref_prob(scores[i]))
+            trials[b] += 1
+            hits[b] += i in accepted_slots
+
+    def ema(old, new):
+        w = config.ema_weight
+        return (1 - w) * old + w * new if np.isfinite(old) else new
+
+    backoff = min(max(backoff, config.min_backoff), config.max_backoff)
+    if length >= 1:
+        new_backoff = config.min_backoff
+    elif rounds >= backoff:
+        new_backoff = min(2 * backoff, config.max_backoff)
+    else:
+        new_backoff = backoff
+    return {
+        "trials": np.asarray(trials),
+        "hits": np.asarray(hits),
+        "accepted_ema": ema(float(stats.accepted_ema), length),
+        "nodes_ema": ema(float(stats.nodes_ema), nodes),
+        "rounds_since_draft": 0,
+        "backoff": new_backoff,
+    }
+
+
+def assert_stats_equal(got, want):
+    for name, value in want.items():
+        np.testing.assert_allclose(
+            np.asarray(getattr(got, name), np.float64), value, rtol=1e-5, atol=1e-5, err_msg=name
+        )
+
+
+# ------------------------------------------------------------------ config and state
+
+
+def test_config_validation_names_the_field():
+    for field, bad in [
+        ("num_bins", 0),
+        ("decay", 0.0),
+        ("decay", 1.5),
+        ("prior_strength", 0.0),
+        ("initial_accept", -1.0),
+        ("ema_weight", 0.0),
+        ("min_backoff", 0),
+        ("max_backoff", 2),
+        ("num_bins", 2.5),
+        ("initial_nodes", math.nan),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            dataclasses.replace(CONFIG, **{field: bad})
+    with pytest.raises(TypeError):
+        dc.ControlConfig(10)  # keyword-only
+    assert hash(CONFIG) == hash(dc.ControlConfig())
+
+
+def test_create_is_optimistic_and_bin_count_is_checked():
+    stats = dc.AcceptanceStats.create(CONFIG)
+    assert stats.trials.shape == (10,) and float(stats.accepted_ema) == CONFIG.initial_accept
+    assert int(stats.backoff) == CONFIG.min_backoff
+    latency = 0.02 + 0.0005 * np.arange(9, dtype=np.float32)
+    assert bool(should_draft_jit(stats, CONFIG, latency, 0.002))  # a new drafter is tried
+    with pytest.raises(ValueError, match="num_bins"):
+        dc.calibrated_logscores(
+            stats, jnp.zeros(3), jnp.ones(3, bool), dc.ControlConfig(num_bins=4)
+        )
+
+
+# ------------------------------------------------------------------ against numpy
+
+
+@given(
+    stats_strategy(),
+    st.lists(logscore, min_size=7, max_size=7),
+    st.lists(st.booleans(), min_size=7, max_size=7),
+)
+def test_calibrated_logscores_matches_numpy(stats, scores, valid):
+    no_bin_edge(scores)
+    got = np.asarray(
+        calibrated_jit(stats, np.asarray(scores, np.float32), np.asarray(valid), CONFIG)
+    )
+    want = ref_calibrated(stats, scores, valid)
+    assert not np.any(np.isnan(got))
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
+@given(
+    st.one_of(f32(-2, 20), nasty),
+    st.one_of(f32(-1, 12), nasty),
+    st.lists(st.one_of(f32(1e-4, 1), st.sampled_from([0.0, -0.01]), nasty), min_size=2, max_size=9),
+    st.one_of(f32(0, 0.5), nasty),
+    st.integers(0, 20),
+    st.integers(0, 20),
+)
+def test_should_draft_matches_brute_force(accepted, nodes, latency, t_draft, rounds, backoff):
+    pays, margin = ref_pays(accepted, nodes, latency, t_draft)
+    assume(margin > 1e-4)
+    latency = np.asarray(latency, np.float32)
+    assert bool(pays_jit(accepted, nodes, latency, t_draft)) == pays
+    stats = dataclasses.replace(
+        dc.AcceptanceStats.create(CONFIG),
+        accepted_ema=jnp.float32(accepted),
+        nodes_ema=jnp.float32(nodes),
+        rounds_since_draft=jnp.int32(rounds),
+        backoff=jnp.int32(backoff),
+    )
+    due = rounds >= min(max(backoff, CONFIG.min_backoff), CONFIG.max_backoff)
+    assert bool(should_draft_jit(stats, CONFIG, latency, t_draft)) == (pays or due)
+
+
+@given(stats_strategy(), tree_strategy(), st.data(), st.booleans())
+def test_update_matches_numpy(stats, tree, data, speculated):
+    no_bin_edge(tree.logscore)
+    length, path = data.draw(acceptance_strategy(tree))
+    got = update_jit(stats, CONFIG, tree, length, path, speculated)
+    assert_stats_equal(got, ref_update(stats, CONFIG, tree, length, path, speculated))
+    if speculated:  # the new statistics are always usable
+        assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(got))
+
+
+@settings(max_examples=8)  # eager dispatch is slow; the numpy test covers the values
+@given(stats_strategy(), tree_strategy(), st.data(), st.booleans())
+def test_update_jit_matches_eager(stats, tree, data, speculated):
+    length, path = data.draw(acceptance_strategy(tree))
+    jitted = update_jit(stats, CONFIG, tree, length, path, speculated)
+    eager = dc.update(stats, CONFIG, tree, length, path, speculated)
+    for a, b in zip(jax.tree.leaves(jitted), jax.tree.leaves(eager)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-6, equal_nan=True)
+
+
+@given(
+    stats_strategy(finite=True),
+    tree_strategy(),
+    f32(0.005, 0.05),
+    st.lists(f32(0, 0.01), min_size=SLOTS - 1, max_size=SLOTS - 1),
+    f32(0, 0.01),
+)
+def test_choose_nodes_matches_numpy(stats, tree, base, steps, t_draft):
+    no_bin_edge(tree.logscore)
+    latency = np.cumsum([base, *steps]).astype(np.float32)
+    n, pruned = choose_nodes_jit(stats, CONFIG, tree, latency, t_draft, 0.001)
+    n = int(n)
+    calibrated = ref_calibrated(stats, tree.logscore, tree.valid)
+    calibrated[0] = 0.0
+    valid, parents = np.asarray(tree.valid), np.asarray(tree.parents)
+    capped = np.full(SLOTS, -np.inf)
+    for i in range(SLOTS):  # minimum along the root path, by walking parents
+        if valid[i]:
+            j, capped[i] = i, calibrated[i]
+            while j:
+                j = int(parents[j])
+                capped[i] = min(capped[i], calibrated[j])
+    rho = np.exp(np.sort(capped[1:])[::-1])
+    want, cost = 0, t_draft + 0.001 + latency.astype(np.float64)
+    while want < SLOTS - 1:
+        gain = (1 + rho[:want].sum()) * (latency[want + 1] - latency[want])
+        assume(abs(rho[want] * cost[want] - gain) > 1e-4 * abs(gain) + 1e-9)
+        if rho[want] * cost[want] <= gain:
+            break
+        want += 1
+    assert n == min(want, int(np.sum(valid[1:])))
+    # The n best calibrated nodes (ties to the lower slot), packed in slot order, raw scores.
+    ranked = sorted((i for i in range(1, SLOTS) if valid[i]), key=lambda i: (-capped[i], i))
+    best = sorted(ranked[:n])
+    assert all(parents[i] == 0 or parents[i] in best for i in best)  # a subtree
+    np.testing.assert_array_equal(pruned.valid, np.arange(SLOTS) <= n)
+    np.testing.assert_array_equal(pruned.tokens[1 : n + 1], np.asarray(tree.tokens)[best])
+    np.testing.assert_array_equal(pruned.logscore[1 : n + 1], np.asarray(tree.logscore)[best])
+    slot_of = {old: new for new, old in enumerate([0, *best])}
+    np.testing.assert_array_equal(pruned.parents[1 : n + 1], [slot_of[parents[i]] for i in best])
+    again = keep_best_jit(pruned, n)  # what an engine applying keep_best itself would get
+    for x, y in zip(jax.tree.leaves(again), jax.tree.leaves(pruned)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_update_with_greedy_acceptance():
+    tree = from_parents_jit(
+        np.array([0, 0, 1, 2, 0]),
+        tokens=np.array([9, 1, 2, 3, 4]),
+        logscore=np.log(np.array([1, 0.95, 0.55, 0.35, 0.05])),
+        max_depth=3,
+    )
+    logits = jax.nn.one_hot(np.array([1, 2, 7, 0, 0]), 10)  # accepts slots 1, 2 then stops
+    acc = jax.jit(verify.greedy)(tree, logits)
+    assert int(acc.length) == 2
+    stats = update_jit(dc.AcceptanceStats.create(CONFIG), CONFIG, tree, acc.length, acc.path, True)
+    np.testing.assert_allclose(stats.trials, np.eye(10)[[9, 5, 3, 0]].sum(0))
+    np.testing.assert_allclose(stats.hits, np.eye(10)[[9, 5]].sum(0))
+    np.testing.assert_allclose(stats.accepted_ema, 0.9 * 1.0 + 0.1 * 2, rtol=1e-6)
+
+
+# ------------------------------------------------------------------ closed-loop behaviour
+
+LATENCY = (0.02 + 0.0005 * np.arange(9)).astype(np.float32)  # root + up to 8 nodes
+CHAIN = from_parents_jit(np.maximum(np.arange(9) - 1, 0), max_depth=8)
+CHAIN = dataclasses.replace(CHAIN, logscore=jnp.log(0.9) * jnp.arange(9, dtype=jnp.float32))
+
+
+@jax.jit
+def round_step(stats, accepted, t_draft):
+    draft = dc.should_draft(stats, CONFIG, LATENCY, t_draft)
+    path = jnp.where(jnp.arange(9) <= accepted, jnp.arange(9), accepted)
+    return dc.update(stats, CONFIG, CHAIN, accepted, path, draft), draft
+
+
+def run(stats, accepted_per_round, t_draft):
+    drafted = []
+    for accepted in accepted_per_round:
+        stats, draft = round_step(stats, jnp.int32(accepted), jnp.float32(t_draft))
+        drafted.append(bool(draft))
+    return stats, np.asarray(drafted)
+
+
+def test_never_matching_drafter_rarely_speculates():
+    _, drafted = run(dc.AcceptanceStats.create(CONFIG), [0] * 300, 0.002)
+    assert drafted[0] and drafted[50:].mean() < 0.1
+    assert drafted[50:].any()  # probes still happen
+
+
+def test_oracle_drafter_always_speculates():
+    stats, drafted = run(dc.AcceptanceStats.create(CONFIG), [8] * 300, 0.0005)
+    assert drafted.all()
+    assert float(stats.accepted_ema) > 7.9 and round(float(stats.nodes_ema)) == 8
+
+
+def test_speculation_resumes_when_text_turns_repetitive():
+    stats, _ = run(dc.AcceptanceStats.create(CONFIG), [0] * 200, 0.002)
+    assert int(stats.backoff) == CONFIG.max_backoff
+    _, drafted = run(stats, [8] * 100, 0.002)
+    first = int(np.argmax(drafted))
+    assert first <= CONFIG.max_backoff and drafted[first:].all()
+
+
+# ------------------------------------------------------------------ non-finite input
+
+
+@pytest.mark.parametrize("field", ["accepted_ema", "nodes_ema", "latency", "t_draft"])
+def test_nan_means_plain_decoding_except_due_probes(field):
+    good = dc.AcceptanceStats.create(CONFIG)
+    stats = (
+        dataclasses.replace(good, **{field: jnp.float32(math.nan)})
+        if field in ("accepted_ema", "nodes_ema")
+        else good
+    )
+    latency = np.full_like(LATENCY, math.nan) if field == "latency" else LATENCY
+    t_draft = math.nan if field == "t_draft" else 0.0005
+    assert not bool(should_draft_jit(stats, CONFIG, latency, t_draft))
+    due = dataclasses.replace(stats, rounds_since_draft=good.backoff)
+    assert bool(should_draft_jit(due, CONFIG, latency, t_draft))
+    healed = update_jit(due, CONFIG, CHAIN, 2, np.array([0, 1, 2, 2, 2, 2, 2, 2, 2]), True)
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(healed))
+
+
+def test_nan_counts_never_reach_outputs():
+    stats = dataclasses.replace(
+        dc.AcceptanceStats.create(CONFIG),
+        trials=jnp.full((10,), math.nan),
+        hits=jnp.full((10,), math.inf),
+    )
+    scores = np.array([0.0, math.nan, -math.inf, math.inf, -1.0], np.float32)
+    out = np.asarray(calibrated_jit(stats, scores, np.ones(5, bool), CONFIG))
+    assert not np.any(np.isnan(out)) and np.isneginf(out[[1, 2]]).all()
+    np.testing.assert_allclose(out[[0, 3, 4]], [0.0, 0.0, -1.0], rtol=1e-6)  # prior only
+    n, pruned = choose_nodes_jit(stats, CONFIG, CHAIN, LATENCY, 0.001, 0.0)
+    assert 0 <= int(n) <= 8 and int(np.sum(pruned.valid)) == int(n) + 1
