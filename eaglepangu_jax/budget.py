@@ -23,6 +23,11 @@ from jaxtyping import Array, ArrayLike, Float, Int
 
 Scalar = Float[ArrayLike, "..."]
 
+# Nominal figures of this project's reference host (2 CPU cores: f32 matmul throughput and
+# memory read bandwidth), for the uncalibrated roofline used until a calibration exists.
+NOMINAL_PEAK_FLOPS = 165e9
+NOMINAL_BANDWIDTH = 24e9
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Roofline:

@@ -103,10 +103,10 @@ class AcceptanceStats:
     @classmethod
     def create(cls, config: ControlConfig) -> "AcceptanceStats":
         """Empty bins, optimistic EMAs, minimum backoff."""
-        zeros = jnp.zeros((config.num_bins,), jnp.float32)
+        # Two buffers, not one shared: the decode loop donates its state.
         return cls(
-            trials=zeros,
-            hits=zeros,
+            trials=jnp.zeros((config.num_bins,), jnp.float32),
+            hits=jnp.zeros((config.num_bins,), jnp.float32),
             accepted_ema=jnp.float32(config.initial_accept),
             nodes_ema=jnp.float32(config.initial_nodes),
             rounds_since_draft=jnp.int32(0),

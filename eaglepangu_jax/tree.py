@@ -42,8 +42,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from eaglepangu_jax import mode
 
-INVARIANTS = ("root_ok", "in_range", "topological", "acyclic", "valid_closure",
-              "depth_consistent")
+INVARIANTS = ("root_ok", "in_range", "topological", "acyclic", "valid_closure", "depth_consistent")
 
 
 @jax.tree_util.register_dataclass
@@ -51,12 +50,12 @@ INVARIANTS = ("root_ok", "in_range", "topological", "acyclic", "valid_closure",
 class Tree:
     """A speculation tree with a virtual root at slot 0 (see the module docstring)."""
 
-    tokens: Int[Array, "N"]  # [N] token id per slot; tokens[0] = last committed token
-    parents: Int[Array, "N"]  # [N] parent slot, parents[0] == 0
-    valid: Bool[Array, "N"]  # [N] False marks padding; valid[0] is True
-    depth: Int[Array, "N"]  # [N] 0 for the root
+    tokens: Int[Array, " N"]  # [N] token id per slot; tokens[0] = last committed token
+    parents: Int[Array, " N"]  # [N] parent slot, parents[0] == 0
+    valid: Bool[Array, " N"]  # [N] False marks padding; valid[0] is True
+    depth: Int[Array, " N"]  # [N] 0 for the root
     ancestors: Int[Array, "N D+1"]  # [N, D + 1] ancestor at each depth, then self
-    logscore: Float[Array, "N"]  # [N] cumulative draft log-probability, 0 at the root
+    logscore: Float[Array, " N"]  # [N] cumulative draft log-probability, 0 at the root
 
     @property
     def num_slots(self) -> int:
@@ -69,7 +68,7 @@ class Tree:
         return self.ancestors.shape[-1] - 1
 
 
-def _climb_table(parents: Int[Array, "N"], max_depth: int) -> Int[Array, "D+1 N"]:
+def _climb_table(parents: Int[Array, " N"], max_depth: int) -> Int[Array, "D+1 N"]:
     """``up[k, i]`` = the k-th ancestor of ``i`` (``up[0] = i``), saturating at the root."""
 
     def step(current, _):
@@ -81,7 +80,7 @@ def _climb_table(parents: Int[Array, "N"], max_depth: int) -> Int[Array, "D+1 N"
     return jnp.concatenate([identity[None], ups], axis=0)
 
 
-def _sanitize_parents(parents: Int[Array, "N"]) -> tuple[Int[Array, "N"], Bool[Array, "N"]]:
+def _sanitize_parents(parents: Int[Array, " N"]) -> tuple[Int[Array, " N"], Bool[Array, " N"]]:
     """Force ``0 <= parent < i`` (root: 0); report which slots needed it."""
     n = parents.shape[0]
     index = jnp.arange(n, dtype=jnp.int32)
@@ -92,8 +91,8 @@ def _sanitize_parents(parents: Int[Array, "N"]) -> tuple[Int[Array, "N"], Bool[A
 
 
 def _raw_invariants(
-    parents: Int[Array, "N"], valid: Bool[Array, "N"], max_depth: int
-) -> dict[str, Bool[Array, "N"]]:
+    parents: Int[Array, " N"], valid: Bool[Array, " N"], max_depth: int
+) -> dict[str, Bool[Array, " N"]]:
     """Per-slot invariants of raw (unsanitised) construction inputs; True = holds."""
     n = parents.shape[0]
     index = jnp.arange(n, dtype=jnp.int32)
@@ -117,11 +116,11 @@ def _raw_invariants(
 
 
 def from_parents(
-    parents: Int[ArrayLike, "N"],
+    parents: Int[ArrayLike, " N"],
     *,
-    tokens: Int[ArrayLike, "N"] | None = None,
-    valid: Bool[ArrayLike, "N"] | None = None,
-    logscore: Float[ArrayLike, "N"] | None = None,
+    tokens: Int[ArrayLike, " N"] | None = None,
+    valid: Bool[ArrayLike, " N"] | None = None,
+    logscore: Float[ArrayLike, " N"] | None = None,
     max_depth: int,
 ) -> Tree:
     """Build a tree from parent pointers (jittable; ``max_depth`` static).
@@ -149,8 +148,9 @@ def from_parents(
         raise ValueError(f"max_depth must be >= 1, got {max_depth}")
     valid = jnp.ones((n,), bool) if valid is None else jnp.asarray(valid, bool)
     tokens = jnp.zeros((n,), jnp.int32) if tokens is None else jnp.asarray(tokens, jnp.int32)
-    logscore = (jnp.zeros((n,), jnp.float32) if logscore is None
-                else jnp.asarray(logscore, jnp.float32))
+    logscore = (
+        jnp.zeros((n,), jnp.float32) if logscore is None else jnp.asarray(logscore, jnp.float32)
+    )
     for name, arr in (("valid", valid), ("tokens", tokens), ("logscore", logscore)):
         if arr.shape != (n,):
             raise ValueError(f"{name} has shape {arr.shape}, expected ({n},) like parents")
@@ -165,6 +165,7 @@ def from_parents(
     # depth = the first k whose k-th ancestor is the root; > max_depth if never reached.
     depth = jnp.where(jnp.any(at_root, axis=0), jnp.argmax(at_root, axis=0), max_depth + 1)
     valid = valid & (depth <= max_depth)
+
     # Validity closure: a node is kept only if every ancestor is kept. Slots are topological,
     # so one forward sweep propagates invalidity down the tree.
     def close(keep, i):
@@ -190,13 +191,19 @@ def _assemble(tokens, parents, valid, logscore, max_depth) -> Tree:
     index = jnp.arange(n, dtype=jnp.int32)
     ancestors = up[steps, index[:, None]]
     ancestors = jnp.where(d[None, :] <= depth[:, None], ancestors, index[:, None])
-    return Tree(tokens=tokens, parents=parents, valid=valid, depth=depth,
-                ancestors=ancestors.astype(jnp.int32),
-                logscore=jnp.where(valid, logscore, -jnp.inf).at[0].set(0.0))
+    return Tree(
+        tokens=tokens,
+        parents=parents,
+        valid=valid,
+        depth=depth,
+        ancestors=ancestors.astype(jnp.int32),
+        logscore=jnp.where(valid, logscore, -jnp.inf).at[0].set(0.0),
+    )
 
 
-def chain(n: int, tokens: Int[ArrayLike, "N"] | None = None, *, max_depth: int | None = None
-          ) -> Tree:
+def chain(
+    n: int, tokens: Int[ArrayLike, " N"] | None = None, *, max_depth: int | None = None
+) -> Tree:
     """A chain ``root -> 1 -> 2 -> ... -> n-1`` (``n`` slots; plain speculative decoding)."""
     if n < 1:
         raise ValueError(f"a chain needs at least the root slot, got n={n}")
@@ -204,8 +211,9 @@ def chain(n: int, tokens: Int[ArrayLike, "N"] | None = None, *, max_depth: int |
     return from_parents(parents, tokens=tokens, max_depth=max_depth or max(n - 1, 1))
 
 
-def from_choices(choices: Sequence[Sequence[int]], *, max_depth: int | None = None
-                 ) -> tuple[Tree, Int[Array, "N"]]:
+def from_choices(
+    choices: Sequence[Sequence[int]], *, max_depth: int | None = None
+) -> tuple[Tree, Int[Array, " N"]]:
     """Static tree from EAGLE/Medusa-style choice lists (host-side, not jitted).
 
     Each choice is a path of top-k ranks from the root, e.g. ``[0]`` is the top-1 child of the
@@ -239,10 +247,10 @@ def from_choices(choices: Sequence[Sequence[int]], *, max_depth: int | None = No
 def from_paths(
     root_token: Int[ArrayLike, ""],
     paths: Int[ArrayLike, "M D"],
-    path_len: Int[ArrayLike, "M"],
+    path_len: Int[ArrayLike, " M"],
     *,
     budget: int,
-    path_weight: Float[ArrayLike, "M"] | None = None,
+    path_weight: Float[ArrayLike, " M"] | None = None,
 ) -> Tree:
     """Merge candidate continuations into a trie (jittable; ``budget`` static).
 
@@ -258,8 +266,11 @@ def from_paths(
     paths = jnp.asarray(paths, jnp.int32)
     m, d = paths.shape
     path_len = jnp.clip(jnp.asarray(path_len, jnp.int32), 0, d)
-    weight = (jnp.ones((m,), jnp.float32) if path_weight is None
-              else jnp.nan_to_num(jnp.asarray(path_weight, jnp.float32), nan=0.0, neginf=0.0))
+    weight = (
+        jnp.ones((m,), jnp.float32)
+        if path_weight is None
+        else jnp.nan_to_num(jnp.asarray(path_weight, jnp.float32), nan=0.0, neginf=0.0)
+    )
     weight = jnp.where(path_len > 0, jnp.maximum(weight, 0.0), 0.0)
     depth_index = jnp.arange(d, dtype=jnp.int32)
     present = depth_index[None, :] < path_len[:, None]  # [M, D]
@@ -284,8 +295,13 @@ def from_paths(
     # indices in range: the out-of-budget ones are routed to slot n, which does not exist).
     target = jnp.where(kept_new, slot_of_new, n).reshape(-1)
     parents = jnp.zeros((n,), jnp.int32).at[target].set(parent_slot.reshape(-1), mode="drop")
-    tokens = (jnp.zeros((n,), jnp.int32).at[target].set(paths.reshape(-1), mode="drop")
-              .at[0].set(jnp.asarray(root_token, jnp.int32)))
+    tokens = (
+        jnp.zeros((n,), jnp.int32)
+        .at[target]
+        .set(paths.reshape(-1), mode="drop")
+        .at[0]
+        .set(jnp.asarray(root_token, jnp.int32))
+    )
     valid = jnp.zeros((n,), bool).at[target].set(True, mode="drop").at[0].set(True)
     scores = jnp.zeros((n,), jnp.float32).at[target].set(logscore.reshape(-1), mode="drop")
     return _assemble(tokens, jnp.where(valid, parents, 0), valid, scores, d)
@@ -324,11 +340,16 @@ def keep_best(tree: Tree, n: Int[ArrayLike, ""]) -> Tree:
     old_slot = jnp.argsort(~keep, stable=True).astype(jnp.int32)  # kept slots first, in order
     live = index < jnp.sum(keep.astype(jnp.int32))
     parents = jnp.where(live, new_slot[tree.parents[old_slot]], 0)
-    return _assemble(jnp.where(live, tree.tokens[old_slot], 0), parents, live,
-                     jnp.where(live, tree.logscore[old_slot], -jnp.inf), tree.max_depth)
+    return _assemble(
+        jnp.where(live, tree.tokens[old_slot], 0),
+        parents,
+        live,
+        jnp.where(live, tree.logscore[old_slot], -jnp.inf),
+        tree.max_depth,
+    )
 
 
-def check(tree: Tree) -> dict[str, Bool[Array, "N"]]:
+def check(tree: Tree) -> dict[str, Bool[Array, " N"]]:
     """Evaluate every invariant per slot on an arbitrary (maybe hand-built) tree.
 
     Returns a dict ``name -> [N] bool`` (True = holds) with keys :data:`INVARIANTS`. Never
@@ -348,20 +369,29 @@ def check(tree: Tree) -> dict[str, Bool[Array, "N"]]:
     safe_anc = jnp.clip(tree.ancestors, 0, n - 1)
     parent_valid = tree.valid[safe]
     valid_closure = ~tree.valid | (index == 0) | parent_valid
-    depth_ok = jnp.where(index == 0, tree.depth == 0,
-                         (tree.depth == tree.depth[safe] + 1) | ~tree.valid)
+    depth_ok = jnp.where(
+        index == 0, tree.depth == 0, (tree.depth == tree.depth[safe] + 1) | ~tree.valid
+    )
     depth_ok = depth_ok & (tree.depth >= 0) & (tree.depth <= max_depth)
     clipped_depth = jnp.clip(tree.depth, 0, max_depth)
     d = jnp.arange(max_depth + 1, dtype=jnp.int32)
-    self_at_depth = jnp.take_along_axis(safe_anc, clipped_depth[:, None], axis=1)[:, 0] == index
+    # Columns from the depth on hold the node itself (the root's whole row is 0), the ones
+    # before it the parent's row, so by induction from the root column d is the ancestor at d.
+    self_from_depth = jnp.all(
+        (safe_anc == index[:, None]) | (d[None, :] < clipped_depth[:, None]), axis=1
+    )
     parent_row = safe_anc[safe]
-    same_prefix = jnp.all((parent_row == safe_anc) | (d[None, :] >= clipped_depth[:, None]),
-                          axis=1)
-    depth_ok = depth_ok & ((self_at_depth & same_prefix) | (index == 0) | ~tree.valid)
+    same_prefix = jnp.all((parent_row == safe_anc) | (d[None, :] >= clipped_depth[:, None]), axis=1)
+    depth_ok = depth_ok & ((self_from_depth & same_prefix) | ~tree.valid)
     root_ok = (index != 0) | (tree.valid & (parents == 0) & (tree.depth == 0))
-    return {"in_range": in_range, "topological": topological | ~tree.valid,
-            "acyclic": acyclic, "valid_closure": valid_closure,
-            "depth_consistent": depth_ok, "root_ok": root_ok}
+    return {
+        "in_range": in_range,
+        "topological": topological | ~tree.valid,
+        "acyclic": acyclic,
+        "valid_closure": valid_closure,
+        "depth_consistent": depth_ok,
+        "root_ok": root_ok,
+    }
 
 
 def is_valid(tree: Tree) -> Bool[Array, ""]:
@@ -373,7 +403,7 @@ class InvalidTreeError(ValueError):
     """A tree breaks one of the invariants in the module docstring."""
 
 
-def _assert_invariants(results: dict[str, Bool[Array, "N"]]) -> None:
+def _assert_invariants(results: dict[str, Bool[Array, " N"]]) -> None:
     concrete = all(not isinstance(v, jax.core.Tracer) for v in results.values())
     if concrete:
         for name in INVARIANTS:
@@ -384,8 +414,11 @@ def _assert_invariants(results: dict[str, Bool[Array, "N"]]) -> None:
         return
     for name in INVARIANTS:
         ok = results[name]
-        checkify.check(jnp.all(ok), f"invalid tree: invariant '{name}' broken at node {{bad}}",
-                       bad=jnp.argmin(ok))
+        checkify.check(
+            jnp.all(ok),
+            f"invalid tree: invariant '{name}' broken at node {{bad}}",
+            bad=jnp.argmin(ok),
+        )
 
 
 def assert_valid(tree: Tree) -> None:
@@ -397,12 +430,12 @@ def assert_valid(tree: Tree) -> None:
     _assert_invariants(check(tree))
 
 
-def positions(tree: Tree, start: Int[ArrayLike, ""]) -> Int[Array, "N"]:
+def positions(tree: Tree, start: Int[ArrayLike, ""]) -> Int[Array, " N"]:
     """Sequence position of each slot: ``start + depth`` (the root sits at ``start``)."""
     return jnp.asarray(start, jnp.int32) + tree.depth
 
 
-def path_to(tree: Tree, node: Int[ArrayLike, ""]) -> Int[Array, "D+1"]:
+def path_to(tree: Tree, node: Int[ArrayLike, ""]) -> Int[Array, " D+1"]:
     """Slots from the root to ``node``; entries past its depth repeat ``node``."""
     node = jnp.clip(jnp.asarray(node, jnp.int32), 0, tree.num_slots - 1)
     return tree.ancestors[node]
@@ -412,3 +445,33 @@ def children_mask(tree: Tree) -> Bool[Array, "N N"]:
     """``[u, c]`` True when valid slot ``c > 0`` is a child of ``u``."""
     index = jnp.arange(tree.num_slots, dtype=jnp.int32)
     return (tree.parents[None, :] == index[:, None]) & tree.valid[None, :] & (index[None, :] > 0)
+
+
+def restrict_tokens(tree: Tree, vocab_size: int) -> Tree:
+    """``tree`` with every node whose token id lies outside ``[0, vocab_size)`` made padding.
+
+    A drafter's token ids reach the teacher's embedding gather; a ``-1`` would be a wrapped
+    index on an accelerator. In performance mode such a node, and every node under it, becomes
+    padding (the validity closure of :func:`from_parents`). In reference mode the first such
+    node raises :class:`InvalidTreeError` naming it (inside ``jax.jit``: a ``checkify``
+    check, raised by :func:`eaglepangu_jax.mode.checked`). The root's token is the engine's
+    own and is not checked.
+    """
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    in_vocab = (tree.tokens >= 0) & (tree.tokens < vocab_size)
+    ok = ~tree.valid | in_vocab | (jnp.arange(tree.num_slots) == 0)
+    if mode.is_reference():
+        message = f"invalid tree: token id outside the vocabulary [0, {vocab_size}) at node"
+        if isinstance(ok, jax.core.Tracer):
+            checkify.check(jnp.all(ok), message + " {bad}", bad=jnp.argmin(ok))
+        elif not bool(np.all(np.asarray(ok))):
+            raise InvalidTreeError(f"{message} {int(np.argmin(np.asarray(ok)))}")
+    safe_tokens = jnp.where(in_vocab, tree.tokens, 0)
+    return from_parents(
+        tree.parents,
+        tokens=safe_tokens,
+        valid=tree.valid & ok,
+        logscore=tree.logscore,
+        max_depth=tree.max_depth,
+    )

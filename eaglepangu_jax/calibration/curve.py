@@ -120,6 +120,31 @@ def uncalibrated(config: LlamaConfig, dtype: str = "float32") -> MachineCalibrat
     )
 
 
+def usable_calibration(
+    config: LlamaConfig, *, path: str | os.PathLike | None = None, dtype: str = "float32"
+) -> MachineCalibration | None:
+    """The calibration at ``path`` (default: :func:`default_path`) if it exists, is readable,
+    belongs to this teacher and was measured on this kind of machine; else ``None``, with a
+    log line saying why."""
+    target = Path(path) if path is not None else default_path()
+    try:
+        calibration = load_calibration(target, config=config, dtype=dtype)
+    except FileNotFoundError:
+        log.info("no calibration at %s", target)
+        return None
+    except (OSError, CalibrationFileError) as err:
+        log.warning("%s: not used", err)
+        return None
+    if not same_machine(calibration):
+        log.warning(
+            "calibration %s was measured on another machine (%s): not used",
+            target,
+            ", ".join(str(calibration.machine.get(k)) for k in MACHINE_KEYS),
+        )
+        return None
+    return calibration
+
+
 def curve_for(
     config: LlamaConfig,
     spec: SpecConfig,
@@ -137,23 +162,7 @@ def curve_for(
     uncalibrated roofline (:func:`uncalibrated`), with a logged warning saying why. A drafter
     the calibration did not time adds no drafting cost (also logged).
     """
-    target = Path(path) if path is not None else default_path()
-    calibration = None
-    try:
-        calibration = load_calibration(target, config=config, dtype=dtype)
-    except FileNotFoundError:
-        log.info("no calibration at %s: using the uncalibrated roofline", target)
-    except (OSError, CalibrationFileError) as err:
-        log.warning("%s: using the uncalibrated roofline", err)
-    if calibration is not None and not same_machine(calibration):
-        log.warning(
-            "calibration %s was measured on another machine (%s): using the uncalibrated roofline",
-            target,
-            ", ".join(str(calibration.machine.get(k)) for k in MACHINE_KEYS),
-        )
-        calibration = None
-    if calibration is None:
-        calibration = uncalibrated(config, dtype)
+    calibration = usable_calibration(config, path=path, dtype=dtype) or uncalibrated(config, dtype)
     if drafter_name is not None and drafter_name not in calibration.t_draft:
         if calibration.samples and drafter_name not in _WARNED:
             _WARNED.add(drafter_name)  # once per process: this runs for every generation
@@ -177,6 +186,21 @@ def auto_verify_latency(
     return curve_for(config, spec, context, drafter_name)
 
 
-def method_verify_latency(config: LlamaConfig, method: methods_lib.Method, context: int) -> Any:
-    """:func:`auto_verify_latency` for ``method`` (its drafter's cost included)."""
-    return auto_verify_latency(config, method.spec, context, getattr(method.drafter, "name", None))
+def method_costs(
+    config: LlamaConfig,
+    method: methods_lib.Method,
+    context: int,
+    *,
+    path: str | os.PathLike | None = None,
+) -> tuple[Any, float]:
+    """What the engine's ``"auto"`` controller weighs for ``method``: the ``[budget + 1]``
+    verify-latency curve (drafting excluded, the round overhead included) and the drafter's
+    seconds per round, from this machine's calibration (the uncalibrated roofline and no
+    drafting cost when there is none). ``(None, 0.0)`` for other policies or no drafter."""
+    if method.spec.policy != "auto" or method.drafter is None:
+        return None, 0.0
+    curve = curve_for(config, method.spec, context, path=path)
+    calibration = usable_calibration(config, path=path)
+    name = getattr(method.drafter, "name", None)
+    t_draft = calibration.t_draft.get(name, 0.0) if calibration is not None else 0.0
+    return curve, float(t_draft)

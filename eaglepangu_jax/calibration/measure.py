@@ -127,6 +127,7 @@ class _VerifyTimer:
             _PROBE_SPEC,
             capacity=1,
             key=jax.random.key(0),
+            eos_id=cfg.eos_id,
         )
         self.buffers: dict[int, cache_lib.KVCache] = {}
         self.points: dict[tuple[int, int, int], tuple[step.StepStatic, tree_lib.Tree]] = {}
@@ -143,7 +144,6 @@ class _VerifyTimer:
             drafter=None,
             spec=_PROBE_SPEC,
             window=window,
-            eos_id=cfg.eos_id,
             bucketed=False,
         )
         key = (slots, context, window)
@@ -323,7 +323,6 @@ def measure_draft(
         drafter=method.drafter,
         spec=spec,
         window=gen.window_for(context + spec.budget + 1, capacity),
-        eos_id=-1,
     )
     latency = jnp.zeros((spec.budget + 1,), jnp.float32) if spec.policy == "auto" else None
     _phase(bar, f"timing drafter {method.name}")

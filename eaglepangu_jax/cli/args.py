@@ -7,12 +7,14 @@ model load; a bad value exits with status 2 and one ``error:`` line naming the p
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from eaglepangu_jax.drafters.registry import DrafterUnavailableError
 from eaglepangu_jax.engine.config import POLICIES, SpecConfig
+from eaglepangu_jax.engine.decode import Teacher, validate
 from eaglepangu_jax.evaluation.grids import FULL
 from eaglepangu_jax.methods.registry import DEFAULT_BUDGET, DEFAULT_DEPTH, Method, make_method
 
@@ -26,6 +28,7 @@ __all__ = [
     "positive",
     "budget",
     "writable",
+    "check_prompt",
     "note",
     "depth_of",
     "spec_of",
@@ -160,9 +163,33 @@ def budget(text: str) -> int | str:
 
 
 def writable(parser: argparse.ArgumentParser, path: str | None, what: str) -> None:
-    """Fail now (status 2) if ``path``'s folder does not exist."""
-    if path is not None and not Path(path).resolve().parent.is_dir():
+    """Fail now (status 2) if ``path`` cannot be written: its folder does not exist or is not
+    writable, or it is itself a folder."""
+    if path is None:
+        return
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
         parser.error(f"cannot write the {what} {path}: its folder does not exist")
+    if Path(path).is_dir():
+        parser.error(f"cannot write the {what} {path}: it is a folder")
+    if not os.access(folder, os.W_OK):
+        parser.error(f"cannot write the {what} {path}: its folder is not writable")
+
+
+def check_prompt(
+    parser: argparse.ArgumentParser,
+    config: Any,
+    method: Method,
+    prompt_ids: Sequence[int],
+    where: str = "",
+) -> None:
+    """The engine's checks of a run (:func:`~eaglepangu_jax.engine.decode.validate`: an
+    empty prompt, one longer than the teacher's context, ...) on the teacher's ``config``
+    alone, before its weights load; a failure is a parser error, prefixed with ``where``."""
+    try:
+        validate(Teacher(config, {}), method.drafter, prompt_ids, method.spec)
+    except ValueError as err:
+        parser.error(f"{where}{err}")
 
 
 def note(message: str) -> None:
@@ -238,9 +265,11 @@ def add_tree_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None
     p.add_argument(
         "--policy",
         choices=POLICIES,
-        default="drafter",
-        help="tree shape: 'drafter' = the drafter's own tree; 'best_first' = the "
-        "top-budget prefixes of per-depth marginals; 'auto' = best-first with "
-        "a roofline controller choosing the node count; 'static' = a fixed "
-        "topology",
+        default="auto",
+        help="'auto' = the controller: each round it drafts only when speculation is "
+        "expected to pay (acceptance learned online, costs from this machine's "
+        "calibration, measured on first use), then keeps the tree nodes that pay for "
+        "their verification; 'drafter' = the drafter's own tree every round; "
+        "'best_first' = the top-budget prefixes of per-depth marginals; 'static' = a "
+        "fixed topology",
     )

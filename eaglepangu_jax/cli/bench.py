@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglepangu_jax import runtime
+from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
 from eaglepangu_jax.cli import args as args_lib
 from eaglepangu_jax.drafters.registry import DrafterUnavailableError
 from eaglepangu_jax.engine.config import SpecConfig
@@ -166,7 +167,9 @@ def run_bench_command(parser, args, teacher=None, renderer=None) -> int:
 
 
 def _run(methods, conversations, teacher, renderer, progress) -> dict[str, Any]:
-    teacher = teacher if teacher is not None else runtime.load_teacher()
+    if teacher is None:  # the real model: its 'auto' runs read this machine's calibration
+        teacher = runtime.load_teacher()
+        ensure_calibration(teacher, controlled_methods(methods), progress=progress)
     renderer = renderer if renderer is not None else runtime.load_renderer()
     return run_bench(teacher, conversations, methods, renderer, progress=progress)
 

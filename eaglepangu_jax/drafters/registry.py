@@ -68,16 +68,21 @@ def load_shipped(name: str, **kwargs: Any) -> tuple[Any, Any]:
     """A shipped drafter and its weights: ``drafters.<name>.load_shipped_<name>(**kwargs)``.
 
     Raises:
-      DrafterUnavailableError: the drafter has no shipped weights, or they are missing or
+      DrafterUnavailableError: the drafter module or its shipped weights are missing or
         unreadable (the message says which).
     """
-    if name not in TRAINED:
-        raise DrafterUnavailableError(
-            f"the {name} drafter ships no trained weights; drafters "
-            f"with weights: {', '.join(TRAINED)}"
-        )
-    module = importlib.import_module(f"eaglepangu_jax.drafters.{name}")
-    loader = getattr(module, f"load_shipped_{name}")
+    module_name = f"eaglepangu_jax.drafters.{name}"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        if isinstance(err, ModuleNotFoundError) and err.name == module_name:
+            raise DrafterUnavailableError(
+                f"the {name} drafter is not part of this installation"
+            ) from None
+        raise DrafterUnavailableError(f"the {name} drafter cannot be imported: {err}") from err
+    loader = getattr(module, f"load_shipped_{name}", None)
+    if loader is None:
+        raise DrafterUnavailableError(f"the {name} module has no load_shipped_{name}()")
     try:
         return loader(**kwargs)
     except (ImportError, OSError, ValueError, KeyError) as err:

@@ -10,16 +10,19 @@ ACCEPTANCE = ("greedy", "sample")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpecConfig:
-    """Everything that shapes the compiled step (so it is a jit static argument).
+    """The settings of a run; what shapes the compiled step is its static key.
 
     Attributes:
-      policy: how a tree is built each round.
-        ``"drafter"``: the drafter proposes the tree itself (n-gram, EAGLE-style heads);
-        ``"best_first"``: the top-``budget`` prefixes of the drafter's per-depth marginals;
-        ``"auto"``: best-first with the roofline controller choosing the node count each round
-        (``budget`` is then the ceiling; for a drafter that builds its own tree, the controller
-        keeps that many of its best-scored nodes); ``"static"``: a fixed choice-list topology
-        filled with the drafter's top-k tokens per depth.
+      policy: how a tree is built each round (default ``"auto"``).
+        ``"auto"``: the draft-or-not controller (see :mod:`eaglepangu_jax.engine.step`):
+        each round it first decides from online acceptance statistics whether speculating
+        pays at all (if not, a plain one-token step, the drafter idle); when it drafts, the
+        drafter's tree (or best-first over its marginals) is pruned to the nodes that pay
+        for their verification, scored by the drafter corrected online (``budget`` is the
+        ceiling). ``"drafter"``: the drafter's own tree, every round (n-gram, EAGLE-style
+        heads); ``"best_first"``: the top-``budget`` prefixes of the drafter's per-depth
+        marginals; ``"static"``: a fixed choice-list topology filled with the drafter's
+        top-k tokens per depth.
       budget: tree nodes per round, root excluded (the ceiling under ``"auto"``).
       depth: deepest tree node (``D``).
       top_k: candidates per depth kept from marginals (``None``: ``budget``).
@@ -28,6 +31,8 @@ class SpecConfig:
       temperature, top_p: sampling settings (``temperature`` 0 means greedy).
       seed: PRNG seed for sampling and stochastic drafters.
       max_new_tokens: generation limit per sequence.
+      (seed, temperature, top_p, eos_id and max_new_tokens are traced values of the compiled
+      loop: changing them does not recompile; whether ``temperature > 0`` does.)
       draft_window: the drafter sees only the last ``draft_window`` tokens (``None``: all);
         the seed paper's truncation ablation.
       eos_id: stop token (``None``: the teacher's).
@@ -36,7 +41,7 @@ class SpecConfig:
         most ``budget`` nodes, at most ``depth`` deep.
     """
 
-    policy: str = "drafter"
+    policy: str = "auto"
     budget: int = 16
     depth: int = 8
     top_k: int | None = None

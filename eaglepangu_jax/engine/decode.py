@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eaglepangu_jax import budget as budget_lib
 from eaglepangu_jax import cache as cache_lib
+from eaglepangu_jax import draft_control, mode
 from eaglepangu_jax import mask as mask_lib
-from eaglepangu_jax import mode
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.state import DecodeState
 from eaglepangu_jax.engine.step import StepStatic, run_rounds, run_rounds_batched
@@ -216,6 +217,24 @@ def init_state(
         spec,
         capacity=capacity,
         key=key,
+        eos_id=eos_id_of(teacher, spec),
+    )
+
+
+def eos_id_of(teacher: Teacher, spec: SpecConfig) -> int:
+    """The stop token: ``spec.eos_id``, else the teacher's."""
+    return teacher.config.eos_id if spec.eos_id is None else spec.eos_id
+
+
+def nominal_verify_latency(config: LlamaConfig, spec: SpecConfig, context: int) -> jax.Array:
+    """The uncalibrated roofline's ``[budget + 1]`` verify-latency curve (no overheads), what
+    the ``"auto"`` policy uses when no curve is given. A calibrated curve
+    (:mod:`eaglepangu_jax.calibration`) is better: this one only knows the nominal machine."""
+    roofline = budget_lib.Roofline.for_llama(
+        config, peak_flops=budget_lib.NOMINAL_PEAK_FLOPS, bandwidth=budget_lib.NOMINAL_BANDWIDTH
+    )
+    return budget_lib.verify_latencies(
+        roofline, budget_lib.Calibration.ideal(), context, max_nodes=spec.budget
     )
 
 
@@ -230,6 +249,7 @@ def state_after_prefill(
     *,
     capacity: int,
     key: jax.Array,
+    eos_id: int,
 ) -> DecodeState:
     """The state whose root is the prompt's last token, ``prompt[:-1]`` already prefilled.
 
@@ -244,7 +264,9 @@ def state_after_prefill(
         features = features.at[:take].set(prefill_features[-take:])
     buffer = np.zeros((capacity + spec.depth + 2,), np.int32)
     buffer[: len(prompt)] = prompt
-    rounds_cap = spec.max_new_tokens + 1
+    # One log entry per round; sized by the (bucketed) capacity, not max_new_tokens, so that
+    # a new max_new_tokens keeps the compiled loop's shapes.
+    rounds_cap = capacity + 1
     state = DecodeState(
         tokens=jnp.asarray(buffer),
         num_tokens=jnp.int32(len(prompt)),
@@ -258,6 +280,15 @@ def state_after_prefill(
         done=jnp.bool_(False),
         accepted_log=jnp.full((rounds_cap,), -1, jnp.int32),
         nodes_log=jnp.full((rounds_cap,), -1, jnp.int32),
+        temperature=jnp.float32(spec.temperature),
+        top_p=jnp.float32(spec.top_p),
+        eos_id=jnp.int32(eos_id),
+        max_new_tokens=jnp.int32(spec.max_new_tokens),
+        control=(
+            draft_control.AcceptanceStats.create(draft_control.ControlConfig())
+            if drafter is not None and spec.policy == "auto"
+            else None
+        ),
     )
     if drafter is not None:
         # The drafter's own cache is built from the features of the *whole* prompt (EAGLE
@@ -278,10 +309,24 @@ _run_batched = jax.jit(run_rounds_batched, static_argnums=(0,), donate_argnums=(
 
 
 def _decode_loop(
-    teacher, drafter, draft_params, state, spec, capacity, eos_id, batched, verify_latency=None
+    teacher,
+    drafter,
+    draft_params,
+    state,
+    spec,
+    capacity,
+    batched,
+    verify_latency=None,
+    draft_seconds=0.0,
 ):
     """Drive the device loop through growing attention windows until every sequence stops."""
     need = 1 if drafter is None else spec.budget + 1
+    if drafter is not None and spec.policy == "auto" and verify_latency is None:
+        context = int(np.max(np.asarray(state.cache.length)))
+        verify_latency = nominal_verify_latency(teacher.config, spec, context)
+    if verify_latency is not None:
+        verify_latency = jnp.asarray(verify_latency, jnp.float32)
+    draft_seconds = jnp.float32(draft_seconds)
     while True:
         length = int(np.max(np.asarray(state.cache.length)))
         done = np.asarray(state.done)
@@ -293,13 +338,18 @@ def _decode_loop(
             drafter=drafter,
             spec=spec,
             window=window,
-            eos_id=eos_id,
             bucketed=not batched,
         )
         # Reference mode: the invariant checks traced into the step raise on the host.
         runner = mode.checked(_run_batched if batched else _run)
         state = runner(
-            static, teacher.params, draft_params, state, jnp.int32(window), verify_latency
+            static,
+            teacher.params,
+            draft_params,
+            state,
+            jnp.int32(window),
+            verify_latency,
+            draft_seconds,
         )
 
 
@@ -353,6 +403,7 @@ def generate(
     *,
     draft_params: Any = None,
     verify_latency: Any = None,
+    draft_seconds: float = 0.0,
     stream: int = 0,
 ) -> GenerationResult:
     """Generate a continuation of ``prompt_ids`` (a list of token ids).
@@ -364,7 +415,11 @@ def generate(
       prompt_ids: the prompt, at least one token.
       spec: the run's settings.
       draft_params: the drafter's weights (``None`` for training-free drafters).
-      verify_latency: ``[budget + 1]`` predicted verify seconds for the ``"auto"`` policy.
+      verify_latency: ``[budget + 1]`` predicted seconds of a round verifying the root plus
+        ``n`` nodes, drafting excluded, for the ``"auto"`` policy (default: the nominal
+        roofline, :func:`nominal_verify_latency`; calibrated curves come from
+        :mod:`eaglepangu_jax.calibration`).
+      draft_seconds: predicted seconds the drafter takes per round (``"auto"``).
       stream: random stream index: the PRNG key is ``fold_in(key(spec.seed), stream)``;
         sequence ``i`` of :func:`generate_batch` uses stream ``i``.
 
@@ -373,7 +428,7 @@ def generate(
       accepted length counts verify rounds, the bonus token included.
     """
     validate(teacher, drafter, prompt_ids, spec)
-    eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
+    eos_id = eos_id_of(teacher, spec)
     capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
     t0 = time.perf_counter()
     state = init_state(
@@ -394,9 +449,9 @@ def generate(
         state,
         spec,
         capacity,
-        eos_id,
         batched=False,
         verify_latency=verify_latency,
+        draft_seconds=draft_seconds,
     )
     jax.block_until_ready(state)
     t2 = time.perf_counter()
@@ -413,6 +468,7 @@ def generate_batch(
     *,
     draft_params: Any = None,
     verify_latency: Any = None,
+    draft_seconds: float = 0.0,
 ) -> list[GenerationResult]:
     """Generate for several prompts at once (``vmap``): each sequence keeps its own tree,
     committed length and stopping point; results equal per-prompt :func:`generate` calls.
@@ -421,7 +477,7 @@ def generate_batch(
         raise ValueError("no prompts given")
     for p in prompts:
         validate(teacher, drafter, p, spec)
-    eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
+    eos_id = eos_id_of(teacher, spec)
     capacity = max(cache_slots(len(p), spec, teacher.config.max_position) for p in prompts)
     t0 = time.perf_counter()
     states = [
@@ -446,9 +502,9 @@ def generate_batch(
         state,
         spec,
         capacity,
-        eos_id,
         batched=True,
         verify_latency=verify_latency,
+        draft_seconds=draft_seconds,
     )
     jax.block_until_ready(state)
     t2 = time.perf_counter()
@@ -487,7 +543,7 @@ def sample_many(
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     validate(teacher, drafter, prompt_ids, spec)
-    eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
+    eos_id = eos_id_of(teacher, spec)
     capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
     state = init_state(
         teacher,
@@ -513,7 +569,6 @@ def sample_many(
             dataclasses.replace(batch, key=keys),
             spec,
             capacity,
-            eos_id,
             batched=True,
             verify_latency=verify_latency,
         )

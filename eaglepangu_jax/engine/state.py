@@ -35,6 +35,15 @@ class DecodeState:
     done: Bool[Array, ""]  # eos emitted or max_new_tokens reached
     accepted_log: Int[Array, " R"]  # [R] accepted draft nodes per round (-1 = no round)
     nodes_log: Int[Array, " R"]  # [R] tree nodes verified per round (root excluded)
+    # The run's values, traced so that new values reuse the compiled loop (the static key,
+    # ``StepStatic``, holds only what shapes the computation).
+    temperature: Float[Array, ""]
+    top_p: Float[Array, ""]
+    eos_id: Int[Array, ""]
+    max_new_tokens: Int[Array, ""]
+    # The controller's online acceptance statistics (``draft_control.AcceptanceStats``) under
+    # the "auto" policy with a drafter; None otherwise.
+    control: Any = None
 
     @property
     def new_tokens(self) -> Int[Array, ""]:

@@ -1,10 +1,19 @@
 """One speculative round as a pure function, and the on-device loop over rounds.
 
-draft -> build tree -> mask -> verify forward -> accept -> commit -> new root.
+(draft or not) -> build tree -> mask -> verify forward -> accept -> commit -> new root.
 
-Everything here is traced into one XLA computation per (teacher config, drafter, spec, window);
-``run_rounds`` wraps the step in ``lax.while_loop`` so a whole segment of generation runs on
-device with no host round trip per round.
+Everything here is traced into one XLA computation per (teacher config, drafter, spec shape,
+window); ``run_rounds`` wraps the step in ``lax.while_loop`` so a whole segment of generation
+runs on device with no host round trip per round. Values that do not change the computation
+(seed, temperature, top-p, eos id, max_new_tokens) travel in the state, not in the static key.
+
+Under the ``"auto"`` policy the controller (:mod:`eaglepangu_jax.draft_control`) decides each
+round, before drafting, whether speculation is expected to pay: expected emitted tokens per
+second ``(1 + E[accepted]) / (t_draft + T_verify(n))`` against ``1 / T_verify(0)``, with
+``E[accepted]`` learned online from the rounds so far. If not, the round is a plain one-token
+step (``lax.cond``: the drafter does not run). When it drafts, the drafter's node scores are
+corrected by the online per-bin acceptance statistics and the tree is pruned to the nodes
+that pay for their verification. Exploration probes retry speculation after a back-off.
 """
 
 from __future__ import annotations
@@ -14,11 +23,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from eaglepangu_jax import cache as cache_lib
+from eaglepangu_jax import draft_control, mode, scoring, verify
 from eaglepangu_jax import mask as mask_lib
-from eaglepangu_jax import mode, verify
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.engine import policies
@@ -37,13 +46,26 @@ class StepStatic:
     drafter: Any  # a Drafter (frozen dataclass) or None for plain decoding
     spec: SpecConfig
     window: int  # attention window W: verify reads cache slots [0, W)
-    eos_id: int
     # The mode is read at trace time; keeping it in the static key stops a step traced in one
     # mode from being reused from the jit cache in the other.
     reference: bool = dataclasses.field(default_factory=mode.is_reference)
     # Verify only the smallest slot bucket holding the valid nodes (a lax.switch). Off for
     # batched runs: under vmap a switch evaluates every branch.
     bucketed: bool = True
+    # The draft-or-not controller's settings; used under the "auto" policy with a drafter.
+    control: draft_control.ControlConfig = dataclasses.field(
+        default_factory=draft_control.ControlConfig
+    )
+
+    def __post_init__(self):
+        # Only what shapes the computation stays in the static key: the run's values are in
+        # the state (see DecodeState), so new values reuse the compiled loop.
+        object.__setattr__(self, "spec", static_spec(self.spec))
+
+    @property
+    def controlled(self) -> bool:
+        """The draft-or-not controller runs (policy "auto" with a drafter)."""
+        return self.drafter is not None and self.spec.policy == "auto"
 
     @property
     def tree_slots(self) -> int:
@@ -53,6 +75,20 @@ class StepStatic:
     @property
     def feature_layers(self) -> tuple[int, ...]:
         return tuple(self.drafter.feature_layers) if self.drafter is not None else ()
+
+
+def static_spec(spec: SpecConfig) -> SpecConfig:
+    """``spec`` with its traced values (seed, temperature, top-p, eos id, max_new_tokens) set
+    to fixed stand-ins: two runs that differ only there share one compiled loop. Whether
+    tokens are sampled stays static (it selects the acceptance rule)."""
+    return dataclasses.replace(
+        spec,
+        seed=0,
+        temperature=1.0 if spec.sampling else 0.0,
+        top_p=1.0,
+        eos_id=None,
+        max_new_tokens=1,
+    )
 
 
 @jax.tree_util.register_dataclass
@@ -86,11 +122,55 @@ def shape_tree(
     if static.drafter is None:
         return policies.root_only(root, static.tree_slots, 1), jnp.zeros((), jnp.int32)
     tree, n = policies.build_tree(proposal, root, spec, verify_latency=verify_latency)
-    # The root slot always carries the committed root token, whatever the drafter wrote.
+    return _finish_tree(static, tree, root, n)
+
+
+def _finish_tree(
+    static: StepStatic, tree: tree_lib.Tree, root: Int[Array, ""], n: Int[Array, ""]
+) -> tuple[tree_lib.Tree, Int[Array, ""]]:
+    """The root slot carries the committed root token, whatever the drafter wrote; a node
+    whose token lies outside the vocabulary becomes padding (reference mode: raises)."""
     tree = dataclasses.replace(tree, tokens=tree.tokens.at[0].set(root))
+    tree = tree_lib.restrict_tokens(tree, static.teacher.vocab_size)
     if static.reference:
         tree_lib.assert_valid(tree)
-    return tree, n
+    return tree, jnp.minimum(n, jnp.sum(tree.valid[1:]).astype(jnp.int32))
+
+
+def _root_token(state: DecodeState) -> Int[Array, ""]:
+    return state.tokens[jnp.clip(state.num_tokens - 1, 0, state.tokens.shape[0] - 1)]
+
+
+def controlled_tree(
+    static: StepStatic,
+    proposal: Proposal,
+    state: DecodeState,
+    verify_latency: Float[Array, " N"],
+    draft_seconds: Float[Array, ""],
+    explore: Bool[Array, ""],
+) -> tuple[tree_lib.Tree, Int[Array, ""]]:
+    """The controller's tree from a proposal: the drafter's own tree, or best-first over its
+    marginals, pruned to the nodes that pay for their verification. The node scores are the
+    drafter's corrected by the online statistics, except on exploration rounds, which keep
+    the drafter's own scores (a pessimistic correction must be able to learn it was wrong)."""
+    spec, stats = static.spec, state.control
+    root = _root_token(state)
+    if proposal.marginals is not None:
+        full = scoring.best_first(
+            proposal.marginals[: spec.depth], root, budget=spec.budget, top_k=spec.top_k
+        )
+    else:
+        full = policies.fit(proposal.tree, spec)
+    full = tree_lib.restrict_tokens(
+        dataclasses.replace(full, tokens=full.tokens.at[0].set(root)), static.teacher.vocab_size
+    )
+    n_cal, calibrated = draft_control.choose_nodes(
+        stats, static.control, full, verify_latency, draft_seconds, 0.0
+    )
+    raw = policies.prune_by_controller(full, verify_latency, draft_seconds)
+    n_raw = jnp.sum(raw.valid[1:]).astype(jnp.int32)
+    tree = jax.tree.map(lambda a, b: jnp.where(explore, a, b), raw, calibrated)
+    return _finish_tree(static, tree, root, jnp.where(explore, n_raw, n_cal))
 
 
 def propose_tree(
@@ -106,22 +186,115 @@ def propose_tree(
     return tree, n, proposal
 
 
+def plan_round(
+    static: StepStatic,
+    draft_params: Any,
+    state: DecodeState,
+    key: Array,
+    verify_latency: Float[Array, " N"] | None,
+    draft_seconds: Float[Array, ""] | float = 0.0,
+) -> tuple[tree_lib.Tree, Int[Array, ""], Proposal, Bool[Array, ""]]:
+    """This round's tree, its node count, the proposal, and whether the drafter ran.
+
+    Without the controller: :func:`propose_tree`. With it (policy ``"auto"`` and a drafter):
+    draft only if :func:`eaglepangu_jax.draft_control.speculation_pays` on the online
+    statistics, or an exploration probe is due; otherwise the tree is the root alone (a plain
+    one-token step: the verify forward runs at its one-slot bucket) and the drafter does not
+    run. A stateful drafter catches up in :func:`advance_state` from the features every
+    verify forward produces.
+    """
+    if not static.controlled:
+        tree, n, proposal = propose_tree(static, draft_params, state, key, verify_latency)
+        return tree, n, proposal, jnp.asarray(static.drafter is not None)
+    drafting, explore = decide(static, state, verify_latency, draft_seconds)
+    proposal = draft_if(static, draft_params, state, key, drafting)
+    tree, n = tree_if(static, proposal, state, verify_latency, draft_seconds, drafting, explore)
+    return tree, n, proposal, drafting
+
+
+def decide(
+    static: StepStatic,
+    state: DecodeState,
+    verify_latency: Float[Array, " N"] | None,
+    draft_seconds: Float[Array, ""] | float,
+) -> tuple[Bool[Array, ""], Bool[Array, ""]]:
+    """The controller's choice before drafting: ``(draft this round, as an exploration
+    probe)``. It drafts when the online estimate says speculation pays, or when a probe is
+    due (the back-off since the last drafting round has run out)."""
+    if verify_latency is None:
+        raise ValueError("policy 'auto' needs the verify latency curve (a calibration)")
+    stats = state.control
+    probe = stats.rounds_since_draft >= stats.backoff
+    pays = draft_control.speculation_pays(
+        stats.accepted_ema,
+        stats.nodes_ema,
+        jnp.asarray(verify_latency, jnp.float32),
+        jnp.asarray(draft_seconds, jnp.float32),
+    )
+    return pays | probe, probe & ~pays
+
+
+def draft_if(
+    static: StepStatic, draft_params: Any, state: DecodeState, key: Array, drafting: Bool[Array, ""]
+) -> Proposal:
+    """:func:`draft` when ``drafting``, else an all-zero proposal of the same shapes (the
+    drafter does not run: ``lax.cond``)."""
+    shapes = jax.eval_shape(lambda: draft(static, draft_params, state, key))
+    return jax.lax.cond(
+        drafting,
+        lambda _: draft(static, draft_params, state, key),
+        lambda _: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes),
+        None,
+    )
+
+
+def tree_if(
+    static: StepStatic,
+    proposal: Proposal,
+    state: DecodeState,
+    verify_latency: Float[Array, " N"],
+    draft_seconds: Float[Array, ""] | float,
+    drafting: Bool[Array, ""],
+    explore: Bool[Array, ""],
+) -> tuple[tree_lib.Tree, Int[Array, ""]]:
+    """:func:`controlled_tree` when ``drafting``, else the root alone (a plain step)."""
+    latency = jnp.asarray(verify_latency, jnp.float32)
+    t_draft = jnp.asarray(draft_seconds, jnp.float32)
+
+    def skip(_):
+        tree = policies.root_only(_root_token(state), static.tree_slots, static.spec.depth)
+        return tree, jnp.zeros((), jnp.int32)
+
+    return jax.lax.cond(
+        drafting,
+        lambda _: controlled_tree(static, proposal, state, latency, t_draft, explore),
+        skip,
+        None,
+    )
+
+
 def accept(
     static: StepStatic,
     tree: tree_lib.Tree,
     logits: Float[Array, "N V"],
     key: Array,
     proposal: Proposal,
+    state: DecodeState,
 ) -> verify.Acceptance:
-    """Greedy or lossless-sampling acceptance, per the spec."""
-    spec = static.spec
-    if not spec.sampling:
+    """Greedy or lossless-sampling acceptance, per the spec (temperature and top-p are the
+    state's traced values)."""
+    if not static.spec.sampling:
         return verify.greedy(tree, logits)
     draft_probs = proposal.draft_probs
     if draft_probs is not None:
         draft_probs = draft_probs[: tree.num_slots]
     return verify.sample(
-        tree, logits, key, temperature=spec.temperature, top_p=spec.top_p, draft_probs=draft_probs
+        tree,
+        logits,
+        key,
+        temperature=state.temperature,
+        top_p=state.top_p,
+        draft_probs=draft_probs,
     )
 
 
@@ -170,7 +343,7 @@ def verify_and_accept(
                 config=static.teacher,
                 feature_layers=static.feature_layers,
             )
-            acc = accept(static, small, logits, key, proposal)
+            acc = accept(static, small, logits, key, proposal, state)
             return acc, features[acc.path], cache
 
         return run
@@ -191,25 +364,48 @@ def commit_round(
     cache: KVCache,
     n_nodes: Int[Array, ""],
     key: Array,
+    tree: tree_lib.Tree | None = None,
+    drafted: Bool[Array, ""] | bool = False,
 ) -> DecodeState:
-    """Commit the accepted path, append the emitted tokens, update the drafter, stop flags."""
-    spec = static.spec
+    """Commit the accepted path in the teacher's cache, then :func:`advance_state`."""
     if static.drafter is None:
         cache = cache_lib.commit_length(cache, acc.length)  # the root alone: nothing moves
     else:
         cache = cache_lib.commit(cache, acc.path, acc.length)
+    state = dataclasses.replace(state, cache=cache)
+    return advance_state(
+        static, draft_params, state, acc, path_features, n_nodes, key, tree, drafted
+    )
+
+
+def advance_state(
+    static: StepStatic,
+    draft_params: Any,
+    state: DecodeState,
+    acc: verify.Acceptance,
+    path_features: Float[Array, "D+1 F H"] | None,
+    n_nodes: Int[Array, ""],
+    key: Array,
+    tree: tree_lib.Tree | None = None,
+    drafted: Bool[Array, ""] | bool = False,
+) -> DecodeState:
+    """Everything a round changes besides the teacher's cache, for every backend: append the
+    emitted tokens, count the round, set the stop flag (eos or max_new_tokens), log it, feed
+    the drafter the accepted positions' features, and fold the round into the controller's
+    acceptance statistics (``tree`` is the verified tree, ``drafted`` whether the drafter
+    ran). ``path_features=None`` keeps the state's features (plain decoding)."""
     emitted = acc.length + 1
     tokens = jax.lax.dynamic_update_slice(state.tokens, acc.tokens, (state.num_tokens,))
     index = jnp.arange(acc.tokens.shape[0], dtype=jnp.int32)
-    budget_left = spec.max_new_tokens - state.new_tokens
-    hit_eos = jnp.any((acc.tokens == static.eos_id) & (index < emitted))
+    budget_left = state.max_new_tokens - state.new_tokens
+    hit_eos = jnp.any((acc.tokens == state.eos_id) & (index < emitted))
+    keep_features = path_features is None or static.drafter is None
     new_state = dataclasses.replace(
         state,
         tokens=tokens,
         num_tokens=state.num_tokens + emitted,
-        cache=cache,
         # Plain decoding has no drafter to feed (and a 1-deep path of another shape).
-        features=path_features if static.drafter is not None else state.features,
+        features=state.features if keep_features else path_features,
         num_features=emitted,
         key=key,
         rounds=state.rounds + 1,
@@ -221,7 +417,14 @@ def commit_round(
         new_state = dataclasses.replace(
             new_state,
             drafter_state=static.drafter.update(
-                draft_params, state.drafter_state, new_state.context(spec.draft_window)
+                draft_params, state.drafter_state, new_state.context(static.spec.draft_window)
+            ),
+        )
+    if static.controlled and tree is not None:
+        new_state = dataclasses.replace(
+            new_state,
+            control=draft_control.update(
+                state.control, static.control, tree, acc.length, acc.path, drafted
             ),
         )
     return new_state
@@ -233,12 +436,17 @@ def speculative_step(
     draft_params: Any,
     state: DecodeState,
     verify_latency: Float[Array, " N"] | None = None,
+    draft_seconds: Float[Array, ""] | float = 0.0,
 ) -> tuple[DecodeState, RoundInfo]:
     """One round. The caller skips finished sequences (the loops below do)."""
     key, draft_key, accept_key = jax.random.split(state.key, 3)
-    tree, n_nodes, proposal = propose_tree(static, draft_params, state, draft_key, verify_latency)
+    tree, n_nodes, proposal, drafted = plan_round(
+        static, draft_params, state, draft_key, verify_latency, draft_seconds
+    )
     acc, path_features, cache = verify_and_accept(static, params, state, tree, proposal, accept_key)
-    new_state = commit_round(static, draft_params, state, acc, path_features, cache, n_nodes, key)
+    new_state = commit_round(
+        static, draft_params, state, acc, path_features, cache, n_nodes, key, tree, drafted
+    )
     return new_state, RoundInfo(tree=tree, acceptance=acc, num_nodes=n_nodes)
 
 
@@ -249,6 +457,7 @@ def run_rounds(
     state: DecodeState,
     limit: Int[Array, ""],
     verify_latency: Float[Array, " N"] | None = None,
+    draft_seconds: Float[Array, ""] | float = 0.0,
 ) -> DecodeState:
     """Run rounds on device until done or until the next tree might not fit ``limit`` slots.
 
@@ -262,12 +471,14 @@ def run_rounds(
         return ~s.done & (s.cache.length + need <= limit)
 
     def body(s: DecodeState):
-        return speculative_step(static, params, draft_params, s, verify_latency)[0]
+        return speculative_step(static, params, draft_params, s, verify_latency, draft_seconds)[0]
 
     return jax.lax.while_loop(running, body, state)
 
 
-def run_rounds_batched(static, params, draft_params, state, limit, verify_latency=None):
+def run_rounds_batched(
+    static, params, draft_params, state, limit, verify_latency=None, draft_seconds=0.0
+):
     """:func:`run_rounds` over a batch of states (leading axis ``B``), until all stop."""
     need = static.tree_slots
 
@@ -277,7 +488,9 @@ def run_rounds_batched(static, params, draft_params, state, limit, verify_latenc
     def body(s: DecodeState):
         def one(x):
             active = ~x.done & (x.cache.length + need <= limit)
-            stepped = speculative_step(static, params, draft_params, x, verify_latency)[0]
+            stepped = speculative_step(
+                static, params, draft_params, x, verify_latency, draft_seconds
+            )[0]
             return jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b), stepped, x)
 
         return jax.vmap(one)(s)

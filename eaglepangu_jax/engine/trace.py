@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from eaglepangu_jax import budget as budget_lib
@@ -35,15 +36,17 @@ from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.drafter import Proposal
 from eaglepangu_jax.engine.state import DecodeState
 from eaglepangu_jax.engine.step import (
     StepStatic,
     accept,
     commit_round,
+    decide,
     draft,
+    draft_if,
     shape_tree,
     slot_buckets,
+    tree_if,
     truncate_tree,
 )
 from eaglepangu_jax.files import write_text_atomic
@@ -68,15 +71,24 @@ TRACE_FIELDS = (
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _draft(static: StepStatic, draft_params: Any, state: DecodeState):
+def _draft(static: StepStatic, draft_params: Any, state: DecodeState, verify_latency, t_draft):
     # The same three-way split as the fused step, so sampling sees the same keys.
     key, draft_key, accept_key = jax.random.split(state.key, 3)
-    return draft(static, draft_params, state, draft_key), key, draft_key, accept_key
+    if not static.controlled:
+        drafting = jnp.asarray(static.drafter is not None)
+        explore = jnp.asarray(False)
+        proposal = draft(static, draft_params, state, draft_key)
+    else:
+        drafting, explore = decide(static, state, verify_latency, t_draft)
+        proposal = draft_if(static, draft_params, state, draft_key, drafting)
+    return proposal, drafting, explore, key, accept_key
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _tree(static: StepStatic, proposal: Proposal, state: DecodeState, verify_latency: Any):
-    return shape_tree(static, proposal, state, verify_latency)
+def _tree(static: StepStatic, proposal, state, verify_latency, t_draft, drafting, explore):
+    if not static.controlled:
+        return shape_tree(static, proposal, state, verify_latency)
+    return tree_if(static, proposal, state, verify_latency, t_draft, drafting, explore)
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -98,14 +110,23 @@ def _verify(static: StepStatic, params: dict, tokens, positions, cache, attend):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _accept(static: StepStatic, tree: tree_lib.Tree, logits, accept_key, proposal: Proposal):
-    return accept(static, tree, logits, accept_key, proposal)
+def _accept(static: StepStatic, tree: tree_lib.Tree, logits, accept_key, proposal, state):
+    return accept(static, tree, logits, accept_key, proposal, state)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _commit(static: StepStatic, draft_params: Any, state: DecodeState, features, acc, n_nodes, key):
+def _commit(static, draft_params, state, features, acc, n_nodes, key, tree, drafted):
     return commit_round(
-        static, draft_params, state, acc, features[acc.path], state.cache, n_nodes, key
+        static,
+        draft_params,
+        state,
+        acc,
+        features[acc.path],
+        state.cache,
+        n_nodes,
+        key,
+        tree,
+        drafted,
     )
 
 
@@ -134,6 +155,7 @@ def generate_traced(
     draft_params: Any = None,
     trace_path: str | os.PathLike,
     verify_latency: Any = None,
+    draft_seconds: float = 0.0,
     roofline: budget_lib.Roofline | None = None,
     calibration: budget_lib.Calibration | None = None,
     stream: int = 0,
@@ -156,8 +178,12 @@ def generate_traced(
     gen.validate(teacher, drafter, prompt_ids, spec)
     if not Path(trace_path).parent.is_dir():
         raise ValueError(f"cannot write the trace {trace_path}: its folder does not exist")
-    eos_id = teacher.config.eos_id if spec.eos_id is None else spec.eos_id
+    eos_id = gen.eos_id_of(teacher, spec)
     capacity = gen.cache_slots(len(prompt_ids), spec, teacher.config.max_position)
+    if drafter is not None and spec.policy == "auto" and verify_latency is None:
+        verify_latency = gen.nominal_verify_latency(teacher.config, spec, len(prompt_ids))
+    if verify_latency is not None:
+        verify_latency = jnp.asarray(verify_latency, jnp.float32)
     records: list[dict[str, Any]] = []
     kept = math.inf  # output length, known once generation ends
     try:
@@ -174,11 +200,18 @@ def generate_traced(
         jax.block_until_ready(state)
         t1 = time.perf_counter()
         while not bool(state.done):
-            static = _static(teacher, drafter, spec, state, capacity, eos_id)
+            static = _static(teacher, drafter, spec, state, capacity)
             if static is None:
                 break
             state, record = _traced_round(
-                static, teacher.params, draft_params, state, verify_latency, roofline, calibration
+                static,
+                teacher.params,
+                draft_params,
+                state,
+                verify_latency,
+                draft_seconds,
+                roofline,
+                calibration,
             )
             record["round"] = len(records)
             records.append(record)
@@ -194,11 +227,9 @@ def generate_traced(
         write_jsonl_atomic(trace_path, [{k: r[k] for k in TRACE_FIELDS} for r in records])
 
 
-def _static(teacher, drafter, spec, state, capacity, eos_id) -> StepStatic | None:
+def _static(teacher, drafter, spec, state, capacity) -> StepStatic | None:
     """The step statics for the next round, or None when its tree no longer fits."""
-    probe = StepStatic(
-        teacher=teacher.config, drafter=drafter, spec=spec, window=capacity, eos_id=eos_id
-    )
+    probe = StepStatic(teacher=teacher.config, drafter=drafter, spec=spec, window=capacity)
     need = probe.tree_slots
     length = int(state.cache.length)
     if length + need > capacity:
@@ -206,12 +237,20 @@ def _static(teacher, drafter, spec, state, capacity, eos_id) -> StepStatic | Non
     return dataclasses.replace(probe, window=gen.window_for(length + need, capacity))
 
 
-def _traced_round(static, params, draft_params, state, verify_latency, roofline, calibration):
+def _traced_round(
+    static, params, draft_params, state, verify_latency, draft_seconds, roofline, calibration
+):
     clock = _Clock()
     committed = state.cache.length
     committed_len = int(committed)
-    proposal, key, draft_key, accept_key = clock.run("draft", _draft, static, draft_params, state)
-    tree, n_nodes = clock.run("tree", _tree, static, proposal, state, verify_latency)
+    t_draft = jnp.float32(draft_seconds)
+    proposal, drafted, explore, key, accept_key = clock.run(
+        "draft", _draft, static, draft_params, state, verify_latency, t_draft
+    )
+    full_tree, n_nodes = clock.run(
+        "tree", _tree, static, proposal, state, verify_latency, t_draft, drafted, explore
+    )
+    tree = full_tree
     # Verify at the same slot bucket the fused step's switch would pick.
     valid = np.asarray(tree.valid)
     last_valid = int(np.max(np.nonzero(valid)[0]))
@@ -221,7 +260,7 @@ def _traced_round(static, params, draft_params, state, verify_latency, roofline,
     logits, features, cache = clock.run(
         "verify", _verify, static, params, tree.tokens, positions, state.cache, attend
     )
-    acc = clock.run("accept", _accept, static, tree, logits, accept_key, proposal)
+    acc = clock.run("accept", _accept, static, tree, logits, accept_key, proposal, state)
     # The old cache was donated to the verify forward: hand the commit the new one.
     state = clock.run(
         "commit",
@@ -233,6 +272,8 @@ def _traced_round(static, params, draft_params, state, verify_latency, roofline,
         acc,
         n_nodes,
         key,
+        full_tree,
+        drafted,
     )
     predicted = None
     if roofline is not None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import mask as mask_lib
-from eaglepangu_jax.calibration.curve import method_verify_latency
+from eaglepangu_jax.calibration.curve import method_costs
 from eaglepangu_jax.engine.decode import GenerationResult, Teacher, generate
 from eaglepangu_jax.evaluation.report import summarize_turns
 from eaglepangu_jax.evaluation.suites import Conversation, count_turns
@@ -91,13 +91,15 @@ def generate_with(teacher: Teacher, method: Method, prompt_ids: Sequence[int]) -
     if method.runner is not None:
         eos_id = teacher.config.eos_id if method.spec.eos_id is None else method.spec.eos_id
         return method.runner(prompt_ids, method.spec, eos_id=eos_id)
+    verify_latency, draft_seconds = method_costs(teacher.config, method, len(prompt_ids))
     return generate(
         teacher,
         method.drafter,
         prompt_ids,
         method.spec,
         draft_params=method.draft_params,
-        verify_latency=method_verify_latency(teacher.config, method, len(prompt_ids)),
+        verify_latency=verify_latency,
+        draft_seconds=draft_seconds,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Protocol, Sequence
 
+from eaglepangu_jax.budget import NOMINAL_BANDWIDTH, NOMINAL_PEAK_FLOPS
 from eaglepangu_jax.drafters.registry import (
     MARGINAL,
     DrafterUnavailableError,
@@ -50,10 +51,8 @@ PEER_METHODS = {"transformers-greedy": None, "transformers-pld": peers.PROMPT_LO
 METHODS = (REFERENCE, *DRAFTER_NAMES, *PEER_METHODS)
 DEFAULT_BUDGET = 8  # tree nodes; the seeds' M = 16 verifies too slowly on 2 CPU cores
 DEFAULT_DEPTH = 6  # deepest draft node
-# Rough figures of a 2-core CPU host (f32 matmul throughput, memory read bandwidth) for the
-# uncalibrated roofline the "auto" policy needs when no calibration is given.
-CPU_PEAK_FLOPS = 165e9
-CPU_BANDWIDTH = 24e9
+CPU_PEAK_FLOPS = NOMINAL_PEAK_FLOPS  # the uncalibrated roofline's machine (see budget)
+CPU_BANDWIDTH = NOMINAL_BANDWIDTH
 
 
 class PeerRunner(Protocol):

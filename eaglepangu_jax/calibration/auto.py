@@ -1,0 +1,143 @@
+"""Calibration without a manual step: the first ``"auto"`` run on a machine measures it.
+
+:func:`ensure_calibration` returns this machine's calibration for the teacher and the
+drafters about to run. It reads the saved one (:func:`~.store.default_path`) when that file is
+readable, fingerprinted for this teacher and measured on this machine; otherwise (missing,
+corrupt, another teacher, another machine) it measures a quick one, with a progress bar,
+and saves it atomically in its place. A drafter the saved calibration lacks is timed and
+added. ``eaglepangu calibrate`` still measures the full grid.
+
+The quick grid is what the controller reads: the verify forward at the engine's own slot
+buckets for the run's tree budget, at one attention window, plus the per-round overhead and
+each drafter's cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Mapping
+
+from eaglepangu_jax.calibration.curve import usable_calibration
+from eaglepangu_jax.calibration.measure import (
+    calibrate_teacher,
+    measure_draft,
+    progress_total,
+)
+from eaglepangu_jax.calibration.store import (
+    MachineCalibration,
+    default_path,
+    dtype_name,
+    save_calibration,
+)
+from eaglepangu_jax.engine import step
+from eaglepangu_jax.engine.decode import Teacher
+from eaglepangu_jax.methods.registry import Method
+
+__all__ = [
+    "QUICK_CONTEXTS",
+    "QUICK_REPEATS",
+    "controlled_methods",
+    "ensure_calibration",
+    "quick_slots",
+]
+
+log = logging.getLogger(__name__)
+
+QUICK_CONTEXTS = (128,)  # one attention window (256): the one short prompts decode in
+QUICK_REPEATS = 3
+
+
+def quick_slots(budget: int) -> tuple[int, ...]:
+    """The verify sizes the engine compiles for a tree of ``budget`` nodes (its buckets)."""
+    return step.slot_buckets(budget + 1)
+
+
+def ensure_calibration(
+    teacher: Teacher,
+    methods: Mapping[str, Method],
+    *,
+    path: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> MachineCalibration:
+    """This machine's calibration, measured now if there is no usable saved one.
+
+    Args:
+      teacher: the model the runs use (its fingerprint must match the saved file's).
+      methods: drafter name -> a method using it; their drafting costs must be in the
+        calibration (measured now if missing).
+      path: the calibration file (default: :func:`~.store.default_path`).
+      progress: show a progress bar on stderr while measuring.
+
+    Returns:
+      The calibration, saved at ``path``.
+    """
+    target = Path(path) if path is not None else default_path()
+    calibration = usable_calibration(teacher.config, path=target, dtype=dtype_name(teacher))
+    budget = max((m.spec.budget for m in methods.values()), default=8)
+    if calibration is None:
+        _say(f"calibrating this machine for the 'auto' controller (once; saved to {target})")
+        start = time.perf_counter()
+        with _bar(len(quick_slots(budget)) * len(QUICK_CONTEXTS), len(methods), progress) as bar:
+            calibration = calibrate_teacher(
+                teacher,
+                slots=quick_slots(budget),
+                contexts=QUICK_CONTEXTS,
+                repeats=QUICK_REPEATS,
+                drafters=methods,
+                bar=bar,
+            )
+        calibration = dataclasses.replace(
+            calibration, details={**calibration.details, "quick": True}
+        )
+        save_calibration(calibration, target)
+        _say(f"calibrated in {time.perf_counter() - start:.0f} s")
+        return calibration
+    missing = {name: m for name, m in methods.items() if name not in calibration.t_draft}
+    if missing:
+        _say(f"timing drafter(s) {', '.join(missing)} for the 'auto' controller")
+        context = min(s.context for s in calibration.samples) if calibration.samples else 128
+        t_draft = dict(calibration.t_draft)
+        for name, method in missing.items():
+            t_draft[name] = measure_draft(teacher, method, context=context, repeats=QUICK_REPEATS)
+        calibration = dataclasses.replace(calibration, t_draft=t_draft)
+        save_calibration(calibration, target)
+    return calibration
+
+
+def controlled_methods(methods) -> dict[str, Method]:
+    """Drafter name -> method, for the methods the ``"auto"`` controller will run."""
+    return {
+        m.drafter.name: m
+        for m in methods
+        if m.runner is None and m.drafter is not None and m.spec.policy == "auto"
+    }
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class _bar:
+    """A tqdm bar sized like :func:`calibrate_teacher`'s work (no bar when disabled)."""
+
+    def __init__(self, points: int, drafters: int, enabled: bool):
+        self.total = progress_total(points, QUICK_REPEATS, drafters)
+        self.enabled = enabled
+        self.bar = None
+
+    def __enter__(self):
+        if self.enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, desc="calibrate", unit="run", file=sys.stderr)
+        return self.bar
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+        return False
