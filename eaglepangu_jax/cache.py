@@ -37,6 +37,18 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
+__all__ = [
+    "KVCache",
+    "init",
+    "write",
+    "commit",
+    "commit_acceptance",
+    "commit_length",
+    "advance",
+    "truncate",
+    "capacity_check",
+]
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

@@ -40,6 +40,17 @@ from eaglepangu_jax import budget
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.tree import Tree
 
+__all__ = [
+    "Scalar",
+    "ControlConfig",
+    "AcceptanceStats",
+    "calibrated_logscores",
+    "speculation_pays",
+    "should_draft",
+    "update",
+    "choose_nodes",
+]
+
 Scalar = Float[ArrayLike, ""]
 _MAX_ROUNDS = 2**30  # rounds_since_draft saturates here instead of overflowing int32
 

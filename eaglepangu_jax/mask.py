@@ -47,6 +47,19 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, UInt, UInt32
 
 from eaglepangu_jax.tree import Tree
 
+__all__ = [
+    "WORD_BITS",
+    "tree_mask",
+    "verify_mask",
+    "causal_mask",
+    "to_bias",
+    "to_ascend",
+    "from_ascend",
+    "pad_keys",
+    "pack",
+    "unpack",
+]
+
 WORD_BITS = 32
 
 

@@ -20,6 +20,8 @@ from typing import Callable, Literal, TypeVar
 
 from jax.experimental import checkify
 
+__all__ = ["ENV_VAR", "MODES", "Mode", "F", "current", "is_reference", "checked"]
+
 ENV_VAR = "EAGLEPANGU_MODE"
 MODES = ("reference", "performance")
 Mode = Literal["reference", "performance"]

@@ -23,6 +23,8 @@ from jaxtyping import Array, ArrayLike, Float, Int
 
 from eaglepangu_jax import tree as tree_lib
 
+__all__ = ["path_logscores", "expected_accept", "best_first"]
+
 
 def _nan_to_neg_inf(x: Float[Array, "..."]) -> Float[Array, "..."]:
     return jnp.where(jnp.isnan(x), -jnp.inf, x)

@@ -42,6 +42,24 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from eaglepangu_jax import mode
 
+__all__ = [
+    "INVARIANTS",
+    "Tree",
+    "from_parents",
+    "chain",
+    "from_choices",
+    "from_paths",
+    "keep_best",
+    "check",
+    "is_valid",
+    "InvalidTreeError",
+    "assert_valid",
+    "positions",
+    "path_to",
+    "children_mask",
+    "restrict_tokens",
+]
+
 INVARIANTS = ("root_ok", "in_range", "topological", "acyclic", "valid_closure", "depth_consistent")
 
 

@@ -53,6 +53,16 @@ from eaglepangu_jax import mode
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.tree import Tree
 
+__all__ = [
+    "DegenerateLogitsError",
+    "Acceptance",
+    "emitted_tokens",
+    "degenerate_rows",
+    "adjusted_probs",
+    "greedy",
+    "sample",
+]
+
 # Smallest top-p actually used: keeps at least the most likely token when a traced top_p <= 0.
 _MIN_TOP_P = 1e-6
 

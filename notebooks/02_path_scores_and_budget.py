@@ -321,6 +321,102 @@ plt.show()
 assert chosen_by_peak[-1] >= chosen_by_peak[0]
 
 # %% [markdown]
+# ## 7. Draft or not: the controller on the real model
+#
+# A tree only pays if it is accepted, and a drafter's own probabilities are often wrong (an
+# n-gram match claims certainty). So under `policy="auto"` the engine asks, *before*
+# drafting, whether speculation is expected to pay: expected emitted tokens per second
+# `(1 + E[accepted]) / (t_draft + T_verify(n))` against `1 / T_verify(0)`. `E[accepted]` is
+# learned online (`draft_control.AcceptanceStats` in the decode state): an average of the
+# accepted length of the rounds that drafted, and per-bin hit rates that correct the
+# drafter's node scores. If drafting does not pay, the round is a plain one-token step and
+# the drafter is not run; an exploration probe retries after a back-off that doubles after
+# each failed probe (4, 8, ..., 64 rounds), so speculation comes back when the text turns
+# repetitive.
+#
+# First the rule alone, on a simulated drafter that always claims certainty but is right
+# only 10% of the time, with this machine's calibrated costs.
+
+# %%
+from eaglepangu_jax import draft_control  # noqa: E402
+from eaglepangu_jax import tree as tree_lib
+
+BUDGET = 8
+verify_curve = jnp.asarray(
+    budget_lib.verify_latencies(cpu, calib, WINDOW - BUDGET - 1, max_nodes=BUDGET), jnp.float32
+)
+control = draft_control.ControlConfig()
+stats = draft_control.AcceptanceStats.create(control)
+chain = tree_lib.chain(BUDGET + 1)  # logscore 0 everywhere: "probability 1"
+update = jax.jit(draft_control.update, static_argnums=1)
+pays_fn = jax.jit(draft_control.speculation_pays)
+sim = np.random.default_rng(1)
+drafted, estimate = [], []
+for _ in range(200):
+    drafts = bool(
+        pays_fn(stats.accepted_ema, stats.nodes_ema, verify_curve, 0.2 * float(verify_curve[0]))
+        | (stats.rounds_since_draft >= stats.backoff)
+    )
+    accepted = int(sim.random() < 0.1)  # the first node right 10% of the time, never more
+    path = jnp.arange(BUDGET + 1, dtype=jnp.int32)
+    stats = update(stats, control, chain, jnp.int32(accepted), path, jnp.bool_(drafts))
+    drafted.append(drafts)
+    estimate.append(float(stats.accepted_ema))
+share_late = np.mean(drafted[50:])
+print(f"drafted in {np.mean(drafted):.0%} of 200 rounds, {share_late:.0%} after round 50")
+calibrated_p = np.exp(
+    np.asarray(draft_control.calibrated_logscores(stats, jnp.zeros(4), jnp.ones(4, bool), control))
+)
+print("a node claiming p = 1 is now estimated at", np.round(calibrated_p[0], 2))
+fig, ax = plt.subplots(figsize=(6.5, 3.5))
+ax.plot(estimate, label="E[accepted] (online)")
+ax.plot(
+    np.flatnonzero(drafted),
+    np.zeros(int(np.sum(drafted))),
+    "k|",
+    ms=12,
+    label="rounds that drafted",
+)
+ax.set_xlabel("round")
+ax.set_ylabel("accepted draft tokens")
+ax.set_title("A drafter claiming certainty, right 10% of the time")
+ax.legend()
+fig.tight_layout()
+save(fig, "02_draft_or_not")
+plt.show()
+assert share_late < 0.10 and calibrated_p[0] < 0.5
+
+# %% [markdown]
+# Now the engine on the real teacher with the n-gram drafter, the calibrated curve of
+# section 3 and the same rule: a prompt whose answer quotes its input (the n-gram drafter's
+# best case) and a free-form question (its worst). The output is identical to plain greedy
+# decoding in both: the controller only decides what to verify.
+
+# %%
+from eaglepangu_jax.drafters import NGramDrafter  # noqa: E402
+from eaglepangu_jax.engine import SpecConfig, generate  # noqa: E402
+from eaglepangu_jax.models.chat import encode_chat  # noqa: E402
+from eaglepangu_jax.models.tokenizer import load_tokenizer  # noqa: E402
+
+tok = load_tokenizer()
+spec = SpecConfig(policy="auto", budget=BUDGET, depth=6, max_new_tokens=48)
+ngram = NGramDrafter(depth=6, budget=BUDGET)
+prompts = {
+    "quoting": "Repeat this sentence three times: the quick brown fox jumps over the lazy dog.",
+    "free-form": "Why is the sky blue? Answer in two sentences.",
+}
+for label, text in prompts.items():
+    ids = encode_chat(tok, [{"role": "user", "content": text}])
+    plain = generate(teacher, None, ids, spec)
+    spec_run = generate(teacher, ngram, ids, spec, verify_latency=verify_curve)
+    nodes = np.asarray(spec_run.stats.nodes_per_round)
+    print(
+        f"{label:9s}: {np.mean(nodes > 0):.0%} of {len(nodes)} rounds verified a tree, "
+        f"accepted length {spec_run.stats.accepted_length:.2f}"
+    )
+    assert spec_run.tokens == plain.tokens, "the controller must not change the output"
+
+# %% [markdown]
 # ## Summary
 #
 # * A(N) from best-first path scores is concave: each node adds less than the one before.
@@ -328,6 +424,11 @@ assert chosen_by_peak[-1] >= chosen_by_peak[0]
 # * `choose_budget` stops where tokens per second peak; cheap arithmetic (high machine balance)
 #   moves the peak to bigger trees.
 #
-# In the engine, `SpecConfig(policy="auto")` applies this rule every round (with
-# `budget` as the ceiling), fed by `verify_latencies`. Notebook 04 measures the real budget
-# curve with a drafter.
+# * Before drafting at all, the controller weighs expected tokens per second with and without
+#   speculation, with acceptance learned online; a drafter that never matches is found out
+#   within a few rounds and retried only by exploration probes.
+#
+# In the engine, `SpecConfig(policy="auto")` (the default) applies these rules every round
+# (with `budget` as the ceiling), fed by a verify-latency curve; the command line measures
+# this machine's curve on first use. Notebook 04 measures the real budget curve with a
+# drafter.

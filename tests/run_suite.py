@@ -26,7 +26,7 @@ or exits non-zero without a failure in its report, or when it fails to collect. 
 loud warning. A file whose every test is deselected by ``-m``/``-k`` is fine.
 
 Environment:
-  EAGLEPANGU_FILE_TIMEOUT  wall-clock seconds per file (default 900); over it the file's
+  EAGLEPANGU_FILE_TIMEOUT  wall-clock seconds per file (default 1800); over it the file's
                            process group is killed and the file counts as failed.
   EAGLEPANGU_TEST_TIMEOUT  per-test seconds for pytest-timeout (default 600).
   CI                       ``true``/``1``/``yes``: collection-time skips and empty files fail.
@@ -60,7 +60,7 @@ import xml.etree.ElementTree as ET
 
 TESTS = pathlib.Path(__file__).resolve().parent
 REPO = TESTS.parent
-DEFAULT_FILE_TIMEOUT = 900.0
+DEFAULT_FILE_TIMEOUT = 1800.0
 DEFAULT_TEST_TIMEOUT = 600.0
 LOG_TAIL = 8000
 _STATS_ENV = "EAGLEPANGU_SUITE_STATS"  # child side: where the plugin writes its counts

@@ -39,6 +39,15 @@ from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.models.config import LlamaConfig
 
+__all__ = [
+    "verify_latency_curve",
+    "uncalibrated",
+    "usable_calibration",
+    "curve_for",
+    "auto_verify_latency",
+    "method_costs",
+]
+
 log = logging.getLogger(__name__)
 
 _WARNED: set[str] = set()  # drafters already reported as lacking a drafting cost

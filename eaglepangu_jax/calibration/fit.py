@@ -18,6 +18,8 @@ from eaglepangu_jax.calibration.store import MachineCalibration, Sample
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.models.config import LlamaConfig
 
+__all__ = ["engine_window", "attended_context", "fit_samples", "roofline_prediction", "predict"]
+
 log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- fitting

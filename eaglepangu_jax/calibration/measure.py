@@ -45,6 +45,21 @@ from eaglepangu_jax.engine.drafter import Proposal
 from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.models.config import LlamaConfig
 
+__all__ = [
+    "DEFAULT_SLOTS",
+    "DEFAULT_CONTEXTS",
+    "DEFAULT_REPEATS",
+    "OVERHEAD_ROUNDS",
+    "OVERHEAD_FORWARDS",
+    "probe_tree",
+    "measure_grid",
+    "Overhead",
+    "measure_overhead",
+    "measure_draft",
+    "calibrate_teacher",
+    "progress_total",
+]
+
 log = logging.getLogger(__name__)
 
 DEFAULT_SLOTS = (1, 4, 16, 32, 64)

@@ -29,6 +29,27 @@ from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.files import write_text_atomic
 from eaglepangu_jax.models.config import LlamaConfig
 
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "FILE_NAME",
+    "FIT_KEYS",
+    "CalibrationFileError",
+    "Sample",
+    "MachineCalibration",
+    "teacher_fingerprint",
+    "describe_machine",
+    "MACHINE_KEYS",
+    "same_machine",
+    "dtype_name",
+    "timestamp",
+    "default_path",
+    "to_json",
+    "save_calibration",
+    "load_calibration",
+    "describe_config",
+]
+
 log = logging.getLogger(__name__)
 
 FORMAT = "eaglepangu-calibration"

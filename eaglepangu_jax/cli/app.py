@@ -16,6 +16,7 @@ from eaglepangu_jax import runtime
 from eaglepangu_jax.cli import args as args_lib
 from eaglepangu_jax.cli import bench as bench_cli
 from eaglepangu_jax.cli import calibrate as calibrate_cli
+from eaglepangu_jax.cli import errors
 from eaglepangu_jax.cli import experiments as experiments_cli
 from eaglepangu_jax.cli import generate as generate_cli
 from eaglepangu_jax.cli import trace as trace_cli
@@ -138,7 +139,10 @@ def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: An
         embedding); ``renderer`` follows :class:`eaglepangu_jax.evaluation.run.Renderer`.
 
     Returns:
-      The exit status (bad flags exit with status 2 before any model is loaded).
+      The exit status. Bad flags exit with status 2 before any model is loaded; so does any
+      other user error (:func:`eaglepangu_jax.cli.errors.user_message`: a prompt too long for
+      the teacher, a missing model package or optional dependency, a file that cannot be read
+      or written), with one ``error:`` line and no traceback. Bugs keep their traceback.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train-draft"]:  # its own parser takes every option after the command
@@ -148,6 +152,10 @@ def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: An
     parser = build_parser()
     args = parser.parse_args(argv)
     sub = args.command_parser  # errors name the sub-command's usage
+    return errors.guard(sub, lambda: _dispatch(args, sub, teacher, renderer))
+
+
+def _dispatch(args: argparse.Namespace, sub: argparse.ArgumentParser, teacher, renderer) -> int:
     if args.command != "trace":
         runtime.enable_compile_cache(args.compile_cache)
     if args.command == "generate":

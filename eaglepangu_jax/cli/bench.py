@@ -10,6 +10,7 @@ from typing import Any
 from eaglepangu_jax import runtime
 from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
 from eaglepangu_jax.cli import args as args_lib
+from eaglepangu_jax.cli import backend as backend_lib
 from eaglepangu_jax.drafters.registry import DrafterUnavailableError
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.evaluation import plots
@@ -29,6 +30,7 @@ from eaglepangu_jax.methods.registry import (
     make_method,
     parse_methods,
 )
+from eaglepangu_jax.models.config import LlamaConfig
 
 __all__ = [
     "add_bench_parser",
@@ -102,6 +104,7 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
         help="also draw the speed-up per category (PNG) into DIR; needs the 'plots' extra",
     )
     b.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    backend_lib.add_option(b)
     return b
 
 
@@ -141,6 +144,7 @@ def run_bench_command(parser, args, teacher=None, renderer=None) -> int:
     spec = args_lib.spec_of(parser, args)
     args_lib.writable(parser, args.json, "report")
     conversations = _conversations(parser, args)
+    device = backend_lib.torch_device(parser, args)
     _, default = args_lib.depth_of(args)
     methods = [
         args_lib.method_of(parser, name, spec, default, args.torch_threads) for name in names
@@ -156,7 +160,15 @@ def run_bench_command(parser, args, teacher=None, renderer=None) -> int:
             methods.insert(1, make_method("eagle3", spec, default_depth=default))
         except (ValueError, DrafterUnavailableError) as err:
             args_lib.note(f"methods: greedy, ngram (eagle3 unavailable: {err})")
-    report = _run(methods, conversations, teacher, renderer, args.progress)
+    # The opening turns are encoded and checked against the teacher's shape before its
+    # weights load (later turns follow greedy's answers: the engine checks them as they come).
+    renderer = renderer if renderer is not None else runtime.load_renderer()
+    config = teacher.config if teacher is not None else LlamaConfig.smollm2_135m()
+    for c in conversations:
+        prompt_ids = renderer.encode([{"role": "user", "content": c.turns[0]}])
+        for method in methods:
+            args_lib.check_prompt(parser, config, method, prompt_ids, f"conversation {c.id!r}: ")
+    report = _run(methods, conversations, teacher, renderer, args.progress, device)
     write_report(args.json, report)
     print(format_summary(report))
     args_lib.note(f"report written to {args.json}")
@@ -166,11 +178,16 @@ def run_bench_command(parser, args, teacher=None, renderer=None) -> int:
     return 0
 
 
-def _run(methods, conversations, teacher, renderer, progress) -> dict[str, Any]:
+def _run(methods, conversations, teacher, renderer, progress, device=None) -> dict[str, Any]:
+    """Load what is not given and run; ``device``: the teacher in torch there (``--backend
+    torch``; every engine method then runs through the torch runner)."""
     if teacher is None:  # the real model: its 'auto' runs read this machine's calibration
         teacher = runtime.load_teacher()
         ensure_calibration(teacher, controlled_methods(methods), progress=progress)
     renderer = renderer if renderer is not None else runtime.load_renderer()
+    if device is not None:
+        methods = backend_lib.torch_methods(methods, teacher, device)
+        args_lib.note(f"backend: torch on {device}")
     return run_bench(teacher, conversations, methods, renderer, progress=progress)
 
 

@@ -48,6 +48,20 @@ from eaglepangu_jax.evaluation.suites import (
 )
 from eaglepangu_jax.methods import registry as methods_lib
 
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "DESCRIPTIONS",
+    "add_sweep_arguments",
+    "add_ablate_window_arguments",
+    "add_budgets_arguments",
+    "run_sweep",
+    "run_ablate_window",
+    "run_budgets",
+    "COMMANDS",
+    "build_parser",
+    "main",
+]
+
 DEFAULT_MAX_NEW_TOKENS = 64  # an experiment runs many cells: shorter answers than bench's
 DESCRIPTIONS = {
     "sweep": "Mean speed-up and accepted length per (tree nodes, max depth) cell, side by "

@@ -11,8 +11,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from eaglepangu_jax.cli import errors
 from eaglepangu_jax.drafters import block, eagle3
-from eaglepangu_jax.drafters.checkpoint import save_checkpoint
+from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
 from eaglepangu_jax.training import train_block
 from eaglepangu_jax.training.train import KINDS, TrainConfig, make_batches, train
@@ -75,7 +76,26 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ray-address", default=None)
     args = parser.parse_args(argv)
+    _check_args(parser, args)
+    return errors.guard(parser, lambda: _train_draft(parser, args))
 
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What can be checked before the model loads: the output folders, and a checkpoint
+    already at ``--out`` (resumed from, so it must be readable and of this kind)."""
+    if args.holdout_shards < 0:
+        parser.error(f"--holdout-shards must be >= 0, got {args.holdout_shards}")
+    for option, path in (("--out", args.out), ("--export", args.export)):
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            parser.error(f"{option}: cannot write {path}: its folder does not exist")
+    if Path(args.out).with_suffix(".json").exists():
+        try:  # the teacher's fingerprint is checked once the teacher is loaded
+            load_checkpoint(args.out, fingerprint=None, kind=args.kind)
+        except ValueError as err:
+            parser.error(f"--out: cannot resume: {err}")
+
+
+def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from eaglepangu_jax.engine.decode import Teacher
     from eaglepangu_jax.models import chat, llama, smollm2
     from eaglepangu_jax.models import tokenizer as tok_lib
@@ -114,7 +134,7 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
     )
     shards = data_lib.load_dataset(data_dir, keys)
     if not 0 <= args.holdout_shards < len(shards):
-        raise ValueError(
+        parser.error(
             f"--holdout-shards {args.holdout_shards} must lie in [0, "
             f"{len(shards) - 1}] ({len(shards)} shards)"
         )

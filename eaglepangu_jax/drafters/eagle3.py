@@ -42,6 +42,25 @@ from eaglepangu_jax.engine.drafter import DraftContext, FeatureHeadDrafter, Prop
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
 
+__all__ = [
+    "HEAD_KEYS",
+    "default_feature_layers",
+    "check_head_config",
+    "Eagle3Config",
+    "init_head",
+    "make_params",
+    "fuse",
+    "project",
+    "finish",
+    "draft_logits",
+    "attend",
+    "ttt_logits",
+    "Eagle3State",
+    "Eagle3Drafter",
+    "SHIPPED_NAME",
+    "load_shipped_eagle3",
+]
+
 HEAD_KEYS = (
     "fc",
     "embed_norm",

@@ -30,6 +30,8 @@ from jaxtyping import Array, ArrayLike, Float, Int
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.engine.drafter import DraftContext, Proposal
 
+__all__ = ["match_lengths", "find_candidates", "NGramDrafter"]
+
 
 def match_lengths(
     tokens: Int[ArrayLike, " C"],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["load_packaged"]
+
 
 def load_packaged(name: str, kind: str, teacher_params: dict | None) -> tuple[Any, dict, Any, Any]:
     """``(config, trained weights, d2t, teacher embedding)`` of the packaged checkpoint

@@ -14,6 +14,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+__all__ = ["DraftVocab", "token_counts", "build_vocab"]
+
 
 @dataclasses.dataclass(frozen=True)
 class DraftVocab:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+__all__ = ["POLICIES", "ACCEPTANCE", "SpecConfig"]
+
 POLICIES = ("auto", "best_first", "static", "drafter")
 ACCEPTANCE = ("greedy", "sample")
 

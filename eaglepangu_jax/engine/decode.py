@@ -28,6 +28,30 @@ from eaglepangu_jax.engine.step import StepStatic, run_rounds, run_rounds_batche
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 
+__all__ = [
+    "MIN_WINDOW",
+    "Teacher",
+    "GenerationStats",
+    "GenerationResult",
+    "window_for",
+    "CAPACITY_BUCKET",
+    "needed_slots",
+    "cache_slots",
+    "validate",
+    "PREFILL_CHUNK",
+    "prefill",
+    "init_state",
+    "eos_id_of",
+    "nominal_verify_latency",
+    "state_after_prefill",
+    "finish_tokens",
+    "result_from_state",
+    "generate",
+    "generate_batch",
+    "SAMPLE_CHUNK",
+    "sample_many",
+]
+
 MIN_WINDOW = 256
 
 

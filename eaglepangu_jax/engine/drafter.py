@@ -23,6 +23,8 @@ from jaxtyping import Array, Float, Int
 
 from eaglepangu_jax.tree import Tree
 
+__all__ = ["DraftContext", "Proposal", "Drafter", "StatelessDrafter", "FeatureHeadDrafter"]
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

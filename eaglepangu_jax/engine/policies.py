@@ -16,6 +16,15 @@ from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal
 
+__all__ = [
+    "root_only",
+    "fit",
+    "controller_budget",
+    "prune_by_controller",
+    "build_tree",
+    "static_tree",
+]
+
 
 def root_only(root_token: Int[Array, ""], num_slots: int, max_depth: int) -> tree_lib.Tree:
     """The root and ``num_slots - 1`` padding slots: one plain decoding step.

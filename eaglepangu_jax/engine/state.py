@@ -19,6 +19,8 @@ from jaxtyping import Array, Bool, Float, Int
 from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.engine.drafter import DraftContext
 
+__all__ = ["DecodeState"]
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,29 @@ from eaglepangu_jax.engine.state import DecodeState
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 
+__all__ = [
+    "StepStatic",
+    "static_spec",
+    "RoundInfo",
+    "draft",
+    "shape_tree",
+    "controlled_tree",
+    "propose_tree",
+    "plan_round",
+    "decide",
+    "draft_if",
+    "tree_if",
+    "accept",
+    "slot_buckets",
+    "truncate_tree",
+    "verify_and_accept",
+    "commit_round",
+    "advance_state",
+    "speculative_step",
+    "run_rounds",
+    "run_rounds_batched",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class StepStatic:

@@ -52,6 +52,16 @@ from eaglepangu_jax.engine.step import (
 from eaglepangu_jax.files import write_text_atomic
 from eaglepangu_jax.models import llama
 
+__all__ = [
+    "PHASES",
+    "TRACE_FIELDS",
+    "generate_traced",
+    "write_jsonl_atomic",
+    "read_trace",
+    "TraceSummary",
+    "summarize",
+]
+
 PHASES = ("draft", "tree", "mask", "verify", "accept", "commit")
 TRACE_FIELDS = (
     "round",

@@ -12,6 +12,8 @@ from eaglepangu_jax.calibration.fit import predict, roofline_prediction
 from eaglepangu_jax.calibration.store import MachineCalibration
 from eaglepangu_jax.models.config import LlamaConfig
 
+__all__ = ["error_table", "format_report", "plot_calibration"]
+
 log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- reporting

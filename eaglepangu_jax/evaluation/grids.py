@@ -25,6 +25,32 @@ from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.evaluation.report import summarize_turns
 from eaglepangu_jax.methods import registry as methods_lib
 
+__all__ = [
+    "DRAFTERS",
+    "MARGINAL_DRAFTERS",
+    "MAX_NODES",
+    "MAX_DEPTH",
+    "FULL",
+    "TARGET_GAP_PERCENT",
+    "ALL_TURNS",
+    "default_policy",
+    "window_label",
+    "Maker",
+    "method_maker",
+    "sweep_methods",
+    "window_methods",
+    "budget_methods",
+    "cells_of",
+    "summarize_cells",
+    "sweet_spot",
+    "grid",
+    "compare_budgets",
+    "format_number",
+    "format_sweep",
+    "format_windows",
+    "format_budgets",
+]
+
 DRAFTERS = NAMES
 MARGINAL_DRAFTERS = MARGINAL  # their marginals are shaped best-first into a tree
 MAX_NODES = 256

@@ -24,6 +24,22 @@ import numpy as np
 
 from eaglepangu_jax.files import atomic_write
 
+__all__ = [
+    "REFERENCE",
+    "DPI",
+    "BENCH_PLOT",
+    "PALETTE",
+    "PlotsUnavailableError",
+    "require_matplotlib",
+    "save_figure",
+    "heatmap",
+    "setting_bars",
+    "grouped_bars",
+    "plural",
+    "speedup_distribution",
+    "write_bench_plots",
+]
+
 REFERENCE = "greedy"
 DPI = 120
 BENCH_PLOT = "speedup_by_category.png"

@@ -25,6 +25,22 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+__all__ = [
+    "MTBENCH_FILE",
+    "HUMANEVAL_FILE",
+    "HUMANEVAL_COUNT",
+    "HUMANEVAL_TEMPLATE",
+    "SUITES",
+    "DEFAULT_CATEGORY",
+    "Turn",
+    "Conversation",
+    "count_turns",
+    "per_category",
+    "iter_turns",
+    "load_prompts",
+    "load_suite",
+]
+
 MTBENCH_FILE = "mt_bench_questions.jsonl"
 HUMANEVAL_FILE = "HumanEval.jsonl.gz"
 HUMANEVAL_COUNT = 80

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+__all__ = ["LlamaConfig"]
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LlamaConfig:

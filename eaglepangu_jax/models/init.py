@@ -7,6 +7,8 @@ import jax.numpy as jnp
 
 from eaglepangu_jax.models.config import LlamaConfig
 
+__all__ = ["random_params"]
+
 
 def random_params(config: LlamaConfig, key: jax.Array, dtype=jnp.float32) -> dict:
     """Random parameters in the layout of :class:`LlamaConfig`'s docstring.

@@ -40,6 +40,16 @@ from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
 
+__all__ = [
+    "LAYER_KEYS",
+    "forward",
+    "prepare_params",
+    "is_prepared",
+    "layer_params",
+    "window_bucket",
+    "rms_norm",
+]
+
 LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+__all__ = ["rope_angles", "apply_rope"]
+
 
 def rope_angles(
     positions: Int[Array, " T"], head_dim: int, theta: float

@@ -28,6 +28,8 @@ from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 
+__all__ = ["AXIS", "make_mesh", "layer_specs", "shard_params", "shard_cache"]
+
 AXIS = "model"
 
 

@@ -35,6 +35,18 @@ from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.decode import Teacher, generate_batch, prefill
 from eaglepangu_jax.files import atomic_write, sha256_file
 
+__all__ = [
+    "CODE_VERSION",
+    "DataSettings",
+    "Shard",
+    "shard_key",
+    "load_shard",
+    "generate_shard",
+    "save_shard",
+    "build_dataset",
+    "load_dataset",
+]
+
 # Bump when the shard contents or their computation change.
 CODE_VERSION = 1
 

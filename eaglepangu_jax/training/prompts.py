@@ -22,6 +22,15 @@ import importlib
 import inspect
 import random
 
+__all__ = [
+    "TOPICS",
+    "INSTRUCTIONS",
+    "CODE_MODULES",
+    "chat_prompts",
+    "code_prompts",
+    "training_prompts",
+]
+
 TOPICS = (
     "volcanoes",
     "honey bees",

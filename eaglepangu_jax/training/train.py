@@ -41,6 +41,22 @@ from eaglepangu_jax.drafters.vocab import DraftVocab
 from eaglepangu_jax.training import train_block
 from eaglepangu_jax.training.data import Shard
 
+__all__ = [
+    "STEP_DECAY",
+    "TrainConfig",
+    "Batches",
+    "make_batches",
+    "sequence_loss",
+    "batch_loss",
+    "lr_schedule",
+    "make_optimizer",
+    "batch_indices",
+    "Kind",
+    "KINDS",
+    "kind_of",
+    "train",
+]
+
 STEP_DECAY = 0.8
 
 

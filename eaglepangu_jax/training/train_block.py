@@ -32,6 +32,20 @@ from jaxtyping import Array, Bool, Float, Int
 
 from eaglepangu_jax.drafters import block
 
+__all__ = [
+    "DEPTH_DECAY",
+    "anchor_range",
+    "sample_anchors",
+    "sample_windows",
+    "all_anchors",
+    "block_targets",
+    "sequence_scores",
+    "batch_loss",
+    "train_arrays",
+    "loss",
+    "evaluate",
+]
+
 DEPTH_DECAY = 0.8
 
 
