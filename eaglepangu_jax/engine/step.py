@@ -190,8 +190,12 @@ def controlled_tree(
     n_cal, calibrated = draft_control.choose_nodes(
         stats, static.control, full, verify_latency, draft_seconds, 0.0
     )
+    # A probe must verify something to learn anything: the drafter's best nodes up to the
+    # cheapest multi-token slot bucket, more if the uncorrected scores say they pay.
+    probe_nodes = min(slot_buckets(static.tree_slots)[:2][-1], static.tree_slots) - 1
     raw = policies.prune_by_controller(full, verify_latency, draft_seconds)
-    n_raw = jnp.sum(raw.valid[1:]).astype(jnp.int32)
+    n_raw = jnp.maximum(jnp.sum(raw.valid[1:]).astype(jnp.int32), probe_nodes)
+    raw = tree_lib.keep_best(full, n_raw)
     tree = jax.tree.map(lambda a, b: jnp.where(explore, a, b), raw, calibrated)
     return _finish_tree(static, tree, root, jnp.where(explore, n_raw, n_cal))
 

@@ -20,7 +20,8 @@ def summarize_turns(
     """Per method, over the turns: ``mean_tokens_per_s``; ``mean_speedup``, ``p50_speedup``,
     ``p99_speedup`` of per-turn tokens/s over greedy's (percentiles interpolate linearly);
     ``mean_accepted_length`` (mean of per-turn values) and ``overall_accepted_length`` (all
-    tokens / all rounds); ``identical_fraction``; ``turns``."""
+    tokens / all rounds); ``speculated_fraction`` (rounds that verified a tree / all rounds);
+    ``identical_fraction``; ``turns``."""
     summary = {}
     for name in names:
         rows = [t["methods"][name] for t in turns]
@@ -37,6 +38,9 @@ def summarize_turns(
             "overall_accepted_length": (
                 sum(r["new_tokens"] for r in rows) / rounds if rounds else None
             ),
+            "speculated_fraction": (
+                sum(r.get("speculated_rounds", 0) for r in rows) / rounds if rounds else None
+            ),
             "identical_fraction": _mean([float(r["identical_to_greedy"]) for r in rows]),
             "compile_seconds": float(sum(r["compile_seconds"] for r in rows)),
         }
@@ -52,19 +56,21 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def format_summary(report: dict[str, Any]) -> str:
-    """The summary as a fixed-width table."""
+    """The summary as a fixed-width table (``spec.``: the share of rounds that verified a
+    tree; the rest were plain one-token steps chosen by the controller)."""
     w = _name_width(report["summary"])
     header = (
         f"{'method':<{w}} {'turns':>5} {'tok/s':>7} {'speed-up':>8} {'p50':>6} {'p99':>6} "
-        f"{'acc.len':>7} {'identical':>9} {'warm-up s':>9} {'compile s':>9}"
+        f"{'acc.len':>7} {'spec.':>5} {'identical':>9} {'warm-up s':>9} {'compile s':>9}"
     )
     lines = [header, "-" * len(header)]
     for name, s in report["summary"].items():
+        spec = _fmt(s.get("speculated_fraction"), 0, "%", 100)
         lines.append(
             f"{name:<{w}} {s['turns']:>5} {_fmt(s['mean_tokens_per_s'], 1):>7} "
             f"{_fmt(s['mean_speedup'], 2, 'x'):>8} {_fmt(s['p50_speedup'], 2, 'x'):>6} "
             f"{_fmt(s['p99_speedup'], 2, 'x'):>6} {_fmt(s['mean_accepted_length'], 2):>7} "
-            f"{_fmt(s['identical_fraction'], 0, '%', 100):>9} "
+            f"{spec:>5} {_fmt(s['identical_fraction'], 0, '%', 100):>9} "
             f"{report['warmup_seconds'][name]:>9.1f} {s['compile_seconds']:>9.1f}"
         )
     return "\n".join(lines)

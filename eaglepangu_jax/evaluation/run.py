@@ -189,6 +189,8 @@ def _turn_record(result: GenerationResult, compile_seconds: float) -> dict[str, 
         "seconds": stats.seconds,
         "tokens_per_s": _finite(stats.tokens_per_s),
         "rounds": stats.rounds,
+        # Rounds that verified a tree (the rest were plain one-token steps).
+        "speculated_rounds": sum(1 for n in stats.nodes_per_round if n > 0),
         "accepted_length": stats.accepted_length,
         "prefill_seconds": stats.prefill_seconds,
         "compile_seconds": compile_seconds,
