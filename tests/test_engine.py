@@ -6,11 +6,13 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import pytest
+from test_engine_hostile import random_mostly_valid_tree
 
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.engine import decode as gen
+from eaglepangu_jax.engine import sampling
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal, StatelessDrafter
 from eaglepangu_jax.models import llama
@@ -81,21 +83,21 @@ class OracleTreeDrafter(StatelessDrafter):
 
 @dataclasses.dataclass(frozen=True)
 class GarbageDrafter(StatelessDrafter):
-    """Hostile drafter: NaN scores, out-of-range parents and tokens."""
+    """Hostile drafter: a new mostly-valid random tree each round, with bad parents, depth
+    overflow, nodes under invalid ones and NaN / infinite scores sprinkled in (at least one
+    malformed parent per tree). Token ids stay in range here: tests/test_engine_hostile.py
+    covers those, and its hypothesis trees."""
 
     budget: int
     depth: int
     name: str = "garbage"
 
     def propose(self, params, state, context, key):
-        n = self.budget + 1
-        parents = jax.random.randint(key, (n,), -(2**31), 2**31 - 1)
-        tokens = jax.random.randint(key, (n,), 0, CFG.vocab_size)
+        parents, tokens, valid, logscore = random_mostly_valid_tree(
+            key, self.budget + 1, max_depth=self.depth, vocab_size=CFG.vocab_size, bad_tokens=False
+        )
         tree = tree_lib.from_parents(
-            parents,
-            tokens=tokens,
-            max_depth=self.depth,
-            logscore=jnp.full((n,), jnp.nan, jnp.float32),
+            parents, tokens=tokens, valid=valid, logscore=logscore, max_depth=self.depth
         )
         return Proposal(tree=tree)
 
@@ -291,9 +293,9 @@ def test_sample_many_does_not_depend_on_the_chunk(teacher):
         temperature=1.0,
         seed=5,
     )
-    whole = gen.sample_many(teacher, None, PROMPT, spec, 7, chunk=7)
-    chunked = gen.sample_many(teacher, None, PROMPT, spec, 7, chunk=3)
+    whole = sampling.sample_many(teacher, None, PROMPT, spec, 7, chunk=7)
+    chunked = sampling.sample_many(teacher, None, PROMPT, spec, 7, chunk=3)
     assert chunked == whole
     assert len({tuple(s) for s in whole}) > 1, "streams should differ"
     with pytest.raises(ValueError, match="chunk must be >= 1"):
-        gen.sample_many(teacher, None, PROMPT, spec, 2, chunk=0)
+        sampling.sample_many(teacher, None, PROMPT, spec, 2, chunk=0)

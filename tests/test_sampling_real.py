@@ -17,6 +17,7 @@ import pytest
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax import verify
 from eaglepangu_jax.engine import decode as gen
+from eaglepangu_jax.engine import sampling
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal, StatelessDrafter
 
@@ -165,7 +166,7 @@ def test_first_two_tokens_follow_the_teacher(setup):
         ),
     }
     for name, drafter in drafters.items():
-        samples = gen.sample_many(teacher, drafter, prompt, spec, SAMPLES)
+        samples = sampling.sample_many(teacher, drafter, prompt, spec, SAMPLES)
         assert all(len(s) == 2 for s in samples), name
         counts = _categories(samples, first, second)
         p_value = _chi_square_p(counts, probs)

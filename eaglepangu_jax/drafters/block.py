@@ -44,18 +44,18 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from eaglepangu_jax.drafters.eagle3 import (
-    _rms,
-    _safe_log_softmax,
+from eaglepangu_jax.drafters.eagle3_head import (
     check_head_config,
     default_feature_layers,
     draft_logits,
     finish,
     fuse,
     make_params,
+    safe_log_softmax,
 )
 from eaglepangu_jax.engine.drafter import DraftContext, FeatureHeadDrafter, Proposal
 from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.llama import rms_norm
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
 
 LAYER_KEYS = (
@@ -244,8 +244,8 @@ def context_stream(
     """The context vectors ``c``: normed ``fc`` of each position's normed tapped features."""
     eps = config.rms_norm_eps
     ones = jnp.ones((features.shape[-1],), jnp.float32)
-    normed = _rms(features, ones, eps) * head["feature_norm"].astype(jnp.float32)[None]
-    return _rms(fuse(head, normed), head["ctx_norm"], eps)
+    normed = rms_norm(features, ones, eps) * head["feature_norm"].astype(jnp.float32)[None]
+    return rms_norm(fuse(head, normed), head["ctx_norm"], eps)
 
 
 def context_kv(
@@ -323,7 +323,7 @@ def block_hidden(
     x = x.reshape(a * d, h)
     for i in range(config.num_layers):
         layer = {name: head[name][i] for name in LAYER_KEYS}
-        y = _rms(x, layer["attn_norm"], config.rms_norm_eps)
+        y = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         q = apply_rope((y @ layer["wq"]).reshape(a * d, nq, dh), cos, sin)
         k = apply_rope((y @ layer["wk"]).reshape(a * d, nk, dh), cos, sin)
         v = (y @ layer["wv"]).reshape(a * d, nk, dh)
@@ -469,7 +469,7 @@ class BlockDrafter(FeatureHeadDrafter):
         )[0, : self.depth]
         return Proposal(
             marginals=teacher_marginals(
-                _safe_log_softmax(logits), params["d2t"], cfg.teacher_vocab_size
+                safe_log_softmax(logits), params["d2t"], cfg.teacher_vocab_size
             )
         )
 

@@ -15,9 +15,9 @@ from eaglepangu_jax.engine.decode import (
     generate,
     generate_batch,
     result_from_state,
-    sample_many,
 )
 from eaglepangu_jax.engine.drafter import DraftContext, Drafter, Proposal
+from eaglepangu_jax.engine.sampling import sample_many
 from eaglepangu_jax.engine.state import DecodeState
 
 __all__ = [

@@ -23,6 +23,12 @@ from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import draft_control, mode
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.result import (
+    GenerationResult,
+    GenerationStats,
+    finish_tokens,
+    result_from_state,
+)
 from eaglepangu_jax.engine.state import DecodeState
 from eaglepangu_jax.engine.step import StepStatic, run_rounds, run_rounds_batched
 from eaglepangu_jax.models import llama
@@ -48,8 +54,6 @@ __all__ = [
     "result_from_state",
     "generate",
     "generate_batch",
-    "SAMPLE_CHUNK",
-    "sample_many",
 ]
 
 MIN_WINDOW = 256
@@ -70,24 +74,6 @@ class Teacher:
     def __post_init__(self):
         if "layers" in self.params:  # an empty dict stands for "config only" (validation)
             object.__setattr__(self, "params", llama.prepare_params(self.params))
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerationStats:
-    new_tokens: int  # tokens emitted (eos included, nothing past it)
-    rounds: int  # teacher verify forwards (prefill excluded)
-    accepted_length: float  # new_tokens / rounds, bonus included; plain decoding = 1.0
-    seconds: float  # decode wall time, prefill excluded
-    prefill_seconds: float
-    tokens_per_s: float  # new_tokens / seconds
-    accepted_per_round: tuple[int, ...]  # accepted draft nodes per round
-    nodes_per_round: tuple[int, ...]  # tree nodes verified per round (root excluded)
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerationResult:
-    tokens: list[int]  # generated ids (prompt excluded), cut after eos / max_new_tokens
-    stats: GenerationStats
 
 
 def window_for(needed: int, capacity: int) -> int:
@@ -332,7 +318,7 @@ _run = jax.jit(run_rounds, static_argnums=(0,), donate_argnums=(3,))
 _run_batched = jax.jit(run_rounds_batched, static_argnums=(0,), donate_argnums=(3,))
 
 
-def _decode_loop(
+def decode_loop(
     teacher,
     drafter,
     draft_params,
@@ -375,48 +361,6 @@ def _decode_loop(
             verify_latency,
             draft_seconds,
         )
-
-
-def finish_tokens(
-    tokens: np.ndarray, prompt_len: int, num_tokens: int, spec: SpecConfig, eos_id: int
-) -> list[int]:
-    """The generated ids of a token buffer: past the prompt, cut at ``max_new_tokens`` and
-    after the first ``eos_id``."""
-    new = tokens[prompt_len:num_tokens].tolist()[: spec.max_new_tokens]
-    if eos_id in new:
-        new = new[: new.index(eos_id) + 1]
-    return new
-
-
-def result_from_state(
-    state: DecodeState,
-    prompt_len: int,
-    spec: SpecConfig,
-    eos_id: int,
-    *,
-    seconds: float,
-    prefill_seconds: float,
-    index: int | None = None,
-) -> GenerationResult:
-    """The :class:`GenerationResult` of a finished decode state (sequence ``index`` of a
-    batched state), counted the same way for every backend: tokens cut after eos and at
-    ``max_new_tokens``, accepted length = emitted tokens / verify rounds."""
-    pick = (lambda x: np.asarray(x)) if index is None else (lambda x: np.asarray(x)[index])
-    new = finish_tokens(pick(state.tokens), prompt_len, int(pick(state.num_tokens)), spec, eos_id)
-    rounds = int(pick(state.rounds))
-    accepted = tuple(int(a) for a in pick(state.accepted_log)[:rounds])
-    nodes = tuple(int(n) for n in pick(state.nodes_log)[:rounds])
-    stats = GenerationStats(
-        new_tokens=len(new),
-        rounds=rounds,
-        accepted_length=len(new) / rounds if rounds else 0.0,
-        seconds=seconds,
-        prefill_seconds=prefill_seconds,
-        tokens_per_s=len(new) / seconds if seconds > 0 else float("inf"),
-        accepted_per_round=accepted,
-        nodes_per_round=nodes,
-    )
-    return GenerationResult(tokens=new, stats=stats)
 
 
 def generate(
@@ -466,7 +410,7 @@ def generate(
     )
     jax.block_until_ready(state)
     t1 = time.perf_counter()
-    state = _decode_loop(
+    state = decode_loop(
         teacher,
         drafter,
         draft_params,
@@ -519,7 +463,7 @@ def generate_batch(
     state = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states)
     jax.block_until_ready(state)
     t1 = time.perf_counter()
-    state = _decode_loop(
+    state = decode_loop(
         teacher,
         drafter,
         draft_params,
@@ -538,67 +482,3 @@ def generate_batch(
         )
         for i, p in enumerate(prompts)
     ]
-
-
-SAMPLE_CHUNK = 64  # streams decoded together by sample_many (see there)
-
-
-def sample_many(
-    teacher: Teacher,
-    drafter: Any,
-    prompt_ids: Sequence[int],
-    spec: SpecConfig,
-    num_samples: int,
-    *,
-    draft_params: Any = None,
-    verify_latency: Any = None,
-    chunk: int = SAMPLE_CHUNK,
-) -> list[list[int]]:
-    """``num_samples`` independent generations of one prompt, prefilled once.
-
-    Sample ``i`` uses random stream ``i`` (as :func:`generate` with ``stream=i``), so with
-    ``acceptance="sample"`` the results are draws from the teacher's (adjusted) distribution;
-    useful for best-of-n and for checking losslessness statistically. Streams are decoded
-    ``chunk`` at a time (the results do not depend on it): every stream carries its own KV
-    cache and ``[slots, vocab]`` probabilities, and 384 streams at once took over 17 GB.
-    """
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
-    validate(teacher, drafter, prompt_ids, spec)
-    eos_id = eos_id_of(teacher, spec)
-    capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
-    state = init_state(
-        teacher,
-        drafter,
-        draft_params,
-        prompt_ids,
-        spec,
-        capacity=capacity,
-        key=jax.random.key(spec.seed),
-    )
-    size = min(chunk, num_samples)
-    results: list[list[int]] = []
-    for begin in range(0, num_samples, size):
-        # The last chunk is padded to the same size (one compilation) and its extra streams
-        # are dropped. A fresh batch each time: the decode loop donates its input buffers.
-        batch = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (size,) + x.shape), state)
-        streams = jnp.arange(begin, begin + size, dtype=jnp.int32)
-        keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(spec.seed), i))(streams)
-        done = _decode_loop(
-            teacher,
-            drafter,
-            draft_params,
-            dataclasses.replace(batch, key=keys),
-            spec,
-            capacity,
-            batched=True,
-            verify_latency=verify_latency,
-        )
-        tokens, num = np.asarray(done.tokens), np.asarray(done.num_tokens)
-        results += [
-            finish_tokens(tokens[i], len(prompt_ids), int(num[i]), spec, eos_id)
-            for i in range(min(size, num_samples - begin))
-        ]
-    return results

@@ -189,11 +189,14 @@ def window_bucket(needed: int, num_slots: int, minimum: int = 64) -> int:
     return min(width, num_slots)
 
 
-def rms_norm(x: Float[Array, "T H"], weight: Float[Array, " H"], eps: float) -> Float[Array, "T H"]:
-    """RMSNorm computed in float32, scaled by ``weight`` after casting back."""
+def rms_norm(
+    x: Float[Array, "... H"], weight: Float[Array, " H"], eps: float
+) -> Float[Array, "... H"]:
+    """RMSNorm over the last axis, computed in float32, scaled by ``weight`` after casting
+    back (any leading shape: the teacher's ``[T, H]`` rows, a draft head's ``[..., H]``)."""
     xf = x.astype(jnp.float32)
     normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + jnp.float32(eps))
-    return weight[None, :] * normed.astype(x.dtype)
+    return weight * normed.astype(x.dtype)
 
 
 def _decoder_layer(x, layer, i, k_all, v_all, start, cos, sin, mask, config):
