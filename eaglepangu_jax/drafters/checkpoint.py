@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eaglepangu_jax.drafters.block import BlockConfig
-from eaglepangu_jax.drafters.eagle3 import Eagle3Config
+from eaglepangu_jax.drafters.block_head import BlockConfig
+from eaglepangu_jax.drafters.eagle3_head import Eagle3Config
 from eaglepangu_jax.files import atomic_write
 
 __all__ = ["FORMATS", "format_name", "kind_of", "save_checkpoint", "load_checkpoint"]
