@@ -196,7 +196,7 @@ def rms_norm(
     back (any leading shape: the teacher's ``[T, H]`` rows, a draft head's ``[..., H]``)."""
     xf = x.astype(jnp.float32)
     normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + jnp.float32(eps))
-    return weight * normed.astype(x.dtype)
+    return weight.reshape((1,) * (x.ndim - 1) + (-1,)) * normed.astype(x.dtype)
 
 
 def _decoder_layer(x, layer, i, k_all, v_all, start, cos, sin, mask, config):
