@@ -3,8 +3,10 @@
 The JAX engine runs its rounds inside one ``lax.while_loop``; a torch teacher cannot be
 traced, so here the host drives each round and every framework does what it owns:
 
-1. **plan** (JAX, jitted): the drafter proposes and :func:`eaglepangu_jax.engine.step.
-   propose_tree` shapes the tree with the engine's policies; the verify mask
+1. **plan** (JAX, jitted): :func:`eaglepangu_jax.engine.step.plan_round` drafts (or, under
+   the ``"auto"`` controller, decides not to) and shapes the tree with the engine's policies,
+   its vocabulary check included (a drafter token id outside ``[0, V)`` turns the node and
+   its descendants into padding; in reference mode it raises naming the node); the verify mask
    (:func:`eaglepangu_jax.mask.verify_mask`) and positions are built, or in branches mode
    the chain table and its causal batch mask (:mod:`npu_backend.branches`).
 2. **verify** (torch): tokens, positions and mask cross the bridge
@@ -14,8 +16,10 @@ traced, so here the host drives each round and every framework does what it owns
    real: trailing padding slots (or unused chains) are not run, the rows in use being
    rounded up to a power of two so that only a few forward shapes exist.
 3. **finish** (JAX, jitted): logits (and teacher features, for drafters that read them)
-   cross back; :func:`eaglepangu_jax.engine.step.accept` decides; the token buffer, stop
-   flag, logs and drafter state are updated exactly as in ``speculative_step``.
+   cross back; :func:`eaglepangu_jax.engine.step.accept` decides; the engine's own
+   :func:`eaglepangu_jax.engine.step.advance_state` updates the token buffer, counters, stop
+   flag, logs, drafter state and controller statistics (everything ``speculative_step``
+   changes but the cache), so both backends share one state advance.
 4. **commit** (torch): the host reads the accepted path (one synchronisation, needed to
    emit tokens anyway) and the cache moves it into place with integer index copies.
 
@@ -49,7 +53,7 @@ from eaglepangu_jax.engine import decode as engine
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal
 from eaglepangu_jax.engine.state import DecodeState
-from eaglepangu_jax.engine.step import StepStatic, accept, propose_tree
+from eaglepangu_jax.engine.step import StepStatic, accept, advance_state, plan_round
 from npu_backend import branches as branches_lib
 from npu_backend import bridge, simulated
 from npu_backend.kv_cache import TorchKVCache
@@ -72,6 +76,7 @@ class RoundPlan:
     tree: tree_lib.Tree
     num_nodes: jax.Array  # [] draft nodes in the tree
     proposal: Proposal
+    drafted: jax.Array  # [] whether the drafter ran (the controller may skip it)
     key: jax.Array  # the state's next PRNG key
     accept_key: jax.Array
     positions: jax.Array  # [N] tree mode, [B, T] branches mode
@@ -98,6 +103,7 @@ def _plan(
     state: DecodeState,
     committed: jax.Array,
     verify_latency: jax.Array | None,
+    draft_seconds: jax.Array,
     *,
     window: int,
     branches: bool,
@@ -105,7 +111,9 @@ def _plan(
 ) -> RoundPlan:
     """Draft, tree and the verify inputs: the tree mask, or the chains and their mask."""
     key, draft_key, accept_key = jax.random.split(state.key, 3)  # as speculative_step
-    tree, n_nodes, proposal = propose_tree(static, draft_params, state, draft_key, verify_latency)
+    tree, n_nodes, proposal, drafted = plan_round(
+        static, draft_params, state, draft_key, verify_latency, draft_seconds
+    )
     if branches:
         slots, length = table(tree)
         t = slots.shape[1]
@@ -124,7 +132,13 @@ def _plan(
             used=jnp.max(jnp.where(tree.valid, slot, 0)) + 1,
         )
     return RoundPlan(
-        tree=tree, num_nodes=n_nodes, proposal=proposal, key=key, accept_key=accept_key, **inputs
+        tree=tree,
+        num_nodes=n_nodes,
+        proposal=proposal,
+        drafted=drafted,
+        key=key,
+        accept_key=accept_key,
+        **inputs,
     )
 
 
@@ -142,10 +156,9 @@ def _finish(
     ``logits`` / ``features`` hold the rows that were verified: the leading tree slots (the
     trailing padding is not run; its rows become the root's, never read by acceptance) or,
     in branches mode, the chains' ``[B T, ...]`` rows, gathered back to tree slots through
-    ``plan.rows``. Returns the new state, the accepted length, the path and the winning
-    chain (0 in tree mode).
+    ``plan.rows``. The state advance is the engine's :func:`advance_state`. Returns the new
+    state, the accepted length, the path and the winning chain (0 in tree mode).
     """
-    spec = static.spec
     winner = jnp.zeros((), jnp.int32)
     rows = plan.rows
     if rows is None and logits.shape[0] < plan.tree.num_slots:
@@ -154,34 +167,21 @@ def _finish(
     if rows is not None:
         logits = logits[rows]
         features = features[rows] if features is not None else None
-    acc = accept(static, plan.tree, logits, plan.accept_key, plan.proposal)
+    acc = accept(static, plan.tree, logits, plan.accept_key, plan.proposal, state)
     if plan.rows is not None:
         winner = plan.rows[acc.stop] // plan.branch_slots.shape[1]
-    emitted = acc.length + 1
-    tokens = jax.lax.dynamic_update_slice(state.tokens, acc.tokens, (state.num_tokens,))
-    index = jnp.arange(acc.tokens.shape[0], dtype=jnp.int32)
-    budget_left = spec.max_new_tokens - state.new_tokens
-    hit_eos = jnp.any((acc.tokens == static.eos_id) & (index < emitted))
-    new_state = dataclasses.replace(
+    path_features = features[acc.path] if features is not None else None
+    new_state = advance_state(
+        static,
+        draft_params,
         state,
-        tokens=tokens,
-        num_tokens=state.num_tokens + emitted,
-        key=plan.key,
-        rounds=state.rounds + 1,
-        done=hit_eos | (emitted >= budget_left),
-        num_features=emitted,
-        accepted_log=state.accepted_log.at[state.rounds].set(acc.length, mode="drop"),
-        nodes_log=state.nodes_log.at[state.rounds].set(plan.num_nodes, mode="drop"),
+        acc,
+        path_features,
+        plan.num_nodes,
+        plan.key,
+        plan.tree,
+        plan.drafted,
     )
-    if static.drafter is not None:
-        if features is not None:
-            new_state = dataclasses.replace(new_state, features=features[acc.path])
-        new_state = dataclasses.replace(
-            new_state,
-            drafter_state=static.drafter.update(
-                draft_params, state.drafter_state, new_state.context(spec.draft_window)
-            ),
-        )
     return new_state, acc.length, acc.path, winner
 
 
@@ -200,7 +200,9 @@ class TorchTeacherRunner:
         draft_params: the drafter's weights.
         mode: ``"tree"`` (one tree-masked forward) or ``"branches"`` (a batch of causal
             chains, :mod:`npu_backend.branches`).
-        verify_latency: ``[budget + 1]`` predicted verify seconds for the ``"auto"`` policy.
+        verify_latency: ``[budget + 1]`` predicted verify seconds for the ``"auto"`` policy
+            (default: the engine's nominal roofline at the prompt's length, as ``generate``).
+        draft_seconds: predicted drafting seconds per round, for the ``"auto"`` controller.
         index_select: the torch integer gather for table lookups; None picks the
             range-checked one in reference mode, plain ``torch.index_select`` otherwise.
         branch_table: the chain decomposition (default :func:`~npu_backend.branches.
@@ -216,6 +218,7 @@ class TorchTeacherRunner:
         draft_params: Any = None,
         mode: Mode = "tree",
         verify_latency: Any = None,
+        draft_seconds: float = 0.0,
         index_select: branches_lib.IndexSelect | None = None,
         branch_table: BranchTable = branches_lib.tree_to_branches,
     ):
@@ -227,6 +230,9 @@ class TorchTeacherRunner:
         self.draft_params = draft_params
         self.mode = mode
         self.verify_latency = verify_latency
+        self.draft_seconds = draft_seconds
+        # The curve the plans use; set per sequence by start() when it defaults.
+        self._latency = None if verify_latency is None else jnp.asarray(verify_latency, jnp.float32)
         self.branch_table = branch_table
         if index_select is None:
             index_select = (
@@ -237,9 +243,7 @@ class TorchTeacherRunner:
         self.index_select = index_select
         config = model.config
         self.eos_id = config.eos_id if spec.eos_id is None else spec.eos_id
-        self.static = StepStatic(
-            teacher=config, drafter=drafter, spec=spec, window=0, eos_id=self.eos_id
-        )
+        self.static = StepStatic(teacher=config, drafter=drafter, spec=spec, window=0)
 
     # ------------------------------------------------------------------ public
 
@@ -287,7 +291,11 @@ class TorchTeacherRunner:
             spec,
             capacity=capacity,
             key=jax.random.fold_in(jax.random.key(spec.seed), stream),
+            eos_id=self.eos_id,
         )
+        if self.verify_latency is None and self.static.controlled:
+            # As the JAX engine's decode loop: the nominal roofline at the committed length.
+            self._latency = engine.nominal_verify_latency(cfg, spec, kv.length)
         return state, kv
 
     def running(self, state: DecodeState, kv: TorchKVCache) -> bool:
@@ -306,7 +314,8 @@ class TorchTeacherRunner:
             self.draft_params,
             state,
             jnp.int32(committed),
-            self.verify_latency,
+            self._latency,
+            jnp.float32(self.draft_seconds),
             window=window,
             branches=branches,
             table=self.branch_table,
@@ -435,6 +444,7 @@ def generate_torch(
     draft_params: Any = None,
     mode: Mode = "tree",
     verify_latency: Any = None,
+    draft_seconds: float = 0.0,
     stream: int = 0,
     index_select: branches_lib.IndexSelect | None = None,
 ) -> engine.GenerationResult:
@@ -447,7 +457,8 @@ def generate_torch(
         spec: the run's settings.
         draft_params: the drafter's weights.
         mode: ``"tree"`` or ``"branches"`` (chain-only kernels).
-        verify_latency: for the ``"auto"`` policy.
+        verify_latency: for the ``"auto"`` policy (default: the nominal roofline).
+        draft_seconds: predicted drafting seconds per round, for the ``"auto"`` controller.
         stream: random stream index, as in the JAX ``generate``.
         index_select: torch integer gather for table lookups (see
             :class:`TorchTeacherRunner`).
@@ -463,6 +474,66 @@ def generate_torch(
         draft_params=draft_params,
         mode=mode,
         verify_latency=verify_latency,
+        draft_seconds=draft_seconds,
         index_select=index_select,
     )
     return runner.generate(prompt_ids, stream=stream)
+
+
+class TorchMethodRunner:
+    """A decoding method (a drafter, or ``None`` for greedy) with the teacher in torch, as a
+    runner of :class:`eaglepangu_jax.methods.registry.PeerRunner`: the benchmark and the
+    command line run it in place of the JAX engine (``eaglepangu bench --backend torch``).
+
+    Args:
+        model: the torch teacher.
+        drafter, draft_params: the method's drafter and its weights.
+        mode: ``"tree"`` or ``"branches"`` (see :func:`generate_torch`).
+        costs: for the ``"auto"`` controller, a function of the prompt length (the context)
+            returning ``(verify_latency, draft_seconds)`` (as
+            :func:`eaglepangu_jax.calibration.curve.method_costs`); ``None``: the engine's
+            nominal roofline and no drafting cost.
+    """
+
+    def __init__(
+        self,
+        model: TorchLlama,
+        drafter: Any,
+        *,
+        draft_params: Any = None,
+        mode: Mode = "tree",
+        costs: Callable[[int], tuple[Any, float]] | None = None,
+    ):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.model = model
+        self.drafter = drafter
+        self.draft_params = draft_params
+        self.mode = mode
+        self.costs = costs
+
+    def __call__(
+        self, prompt_ids: Sequence[int], spec: SpecConfig, *, eos_id: int
+    ) -> engine.GenerationResult:
+        """Generate for ``prompt_ids``, stopping at ``eos_id``; counted like ``generate``."""
+        latency, draft_seconds = (None, 0.0) if self.costs is None else self.costs(len(prompt_ids))
+        return generate_torch(
+            self.model,
+            self.drafter,
+            prompt_ids,
+            dataclasses.replace(spec, eos_id=eos_id),
+            draft_params=self.draft_params,
+            mode=self.mode,
+            verify_latency=latency,
+            draft_seconds=draft_seconds,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The settings in effect (JSON-ready), for the benchmark report."""
+        return {
+            "backend": "torch",
+            "device": str(self.model.device),
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "attention_impl": self.model.attention_impl,
+            "mode": self.mode,
+        }

@@ -1,5 +1,7 @@
 """The torch-teacher runner against the JAX engine: same tokens, same rounds, same drafter
-state; the strict Ascend simulator catches a wrong-polarity mask at the runner level."""
+state (one state advance, the engine's); hostile drafter token ids become padding (reference
+mode: an error naming the node); the strict Ascend simulator catches a wrong-polarity mask at
+the runner level."""
 
 import dataclasses
 
@@ -15,14 +17,20 @@ from eaglepangu_jax import tree as tree_lib  # noqa: E402
 from eaglepangu_jax.drafters import eagle3  # noqa: E402
 from eaglepangu_jax.drafters.ngram import NGramDrafter  # noqa: E402
 from eaglepangu_jax.engine import decode as gen  # noqa: E402
+from eaglepangu_jax.engine import step as engine_step  # noqa: E402
 from eaglepangu_jax.engine.config import SpecConfig  # noqa: E402
 from eaglepangu_jax.engine.drafter import Proposal  # noqa: E402
 from eaglepangu_jax.engine.step import StepStatic, speculative_step  # noqa: E402
 from eaglepangu_jax.models.config import LlamaConfig  # noqa: E402
 from eaglepangu_jax.models.init import random_params  # noqa: E402
 from npu_backend import attention, bridge, simulated  # noqa: E402
+from npu_backend import runner as runner_lib  # noqa: E402
 from npu_backend.llama_torch import TorchLlama  # noqa: E402
-from npu_backend.runner import TorchTeacherRunner, generate_torch  # noqa: E402
+from npu_backend.runner import (  # noqa: E402
+    TorchMethodRunner,
+    TorchTeacherRunner,
+    generate_torch,
+)
 from npu_backend.simulated import AscendConstraintError, simulated_npu  # noqa: E402
 
 CFG = LlamaConfig.tiny(vocab_size=61, max_position=512)
@@ -176,15 +184,19 @@ def test_teacher_features_reach_the_drafter_like_in_jax(
     expected = gen.init_state(
         teacher, drafter, draft_params, PROMPT, spec, capacity=capacity, key=key
     )
-    static = StepStatic(teacher=CFG, drafter=drafter, spec=spec, window=capacity, eos_id=NO_EOS)
+    static = StepStatic(teacher=CFG, drafter=drafter, spec=spec, window=capacity)
     step = jax.jit(speculative_step, static_argnums=0)
+    # The "auto" controller's curve, given to both (the runner's default is the same one).
+    latency = gen.nominal_verify_latency(CFG, spec, len(PROMPT) - 1)
     model = TorchLlama(CFG, params, attention_impl="eager")
-    runner = TorchTeacherRunner(model, drafter, spec, draft_params=draft_params, mode=mode)
+    runner = TorchTeacherRunner(
+        model, drafter, spec, draft_params=draft_params, mode=mode, verify_latency=latency
+    )
     state, kv = runner.start(PROMPT)
     _close(state.features, expected.features)
     accepted = 0
     for _ in range(3):
-        expected, info = step(static, params, draft_params, expected)
+        expected, info = step(static, params, draft_params, expected, latency)
         state, result = runner.step(state, kv)
         accepted += result.accepted
         assert int(state.num_tokens) == int(expected.num_tokens)
@@ -258,6 +270,107 @@ def test_bad_input_is_refused(params):
         generate_torch(model, None, [3, CFG.vocab_size], SPEC)
     with pytest.raises(ValueError, match="empty"):
         generate_torch(model, None, [], SPEC)
+
+
+def test_the_runner_advances_state_with_the_engines_function():
+    # One state advance for both backends: the runner's finish step calls the engine's.
+    assert runner_lib.advance_state is engine_step.advance_state
+    assert runner_lib.plan_round is engine_step.plan_round
+
+
+@dataclasses.dataclass(frozen=True)
+class HostileDrafter:
+    """A fixed tree whose token ids leave the vocabulary: root -> 1 -> 2 -> 3 and
+    root -> 4 -> 5, with slot 2 (under the correct first token) and slot 4 out of range."""
+
+    first: int  # the greedy continuation's first token
+    bad: tuple[int, int] = (-1, CFG.vocab_size + 5)
+    name: str = "hostile"
+    feature_layers: tuple[int, ...] = ()
+
+    @property
+    def max_depth(self):
+        return 4
+
+    def init_state(self, params, context):
+        return None
+
+    def update(self, params, state, context):
+        return state
+
+    def propose(self, params, state, context, key):
+        root = context.tokens[context.num_tokens - 1]
+        tokens = jnp.asarray([0, self.first, self.bad[0], 7, self.bad[1], 8, 0, 0, 0], jnp.int32)
+        tree = tree_lib.from_parents(  # budget + 1 = 9 slots, the last three padding
+            jnp.asarray([0, 0, 1, 2, 0, 4, 0, 0, 0], jnp.int32),
+            tokens=tokens.at[0].set(root),
+            valid=jnp.arange(9) < 6,
+            max_depth=4,
+        )
+        return Proposal(tree=tree)
+
+
+HOSTILE_SPEC = dataclasses.replace(SPEC, policy="drafter", max_new_tokens=6)
+
+
+def _first_plan(runner, state, kv):
+    return runner_lib._plan(
+        runner.static,
+        None,
+        state,
+        jnp.int32(kv.length),
+        None,
+        jnp.float32(0.0),
+        window=gen.window_for(kv.length + runner.static.tree_slots, runner._capacity(kv)),
+        branches=False,
+        table=runner.branch_table,
+    )
+
+
+@pytest.mark.parametrize("mode", ["tree", "branches"])
+def test_hostile_token_ids_become_padding(params, teacher, greedy, mode, performance_mode):
+    drafter = HostileDrafter(first=greedy[0])
+    model = TorchLlama(CFG, params, attention_impl="eager")
+    runner = TorchTeacherRunner(model, drafter, HOSTILE_SPEC, mode=mode)
+    state, kv = runner.start(PROMPT)
+    tree = _first_plan(runner, state, kv).tree
+    valid = np.asarray(tree.valid)
+    # The bad nodes and their descendants are padding; the good prefix stays.
+    assert valid[:6].tolist() == [True, True, False, False, False, False]
+    assert not valid[6:].any()
+    tokens = np.asarray(tree.tokens)
+    assert ((tokens >= 0) & (tokens < CFG.vocab_size)).all()  # nothing hostile reaches torch
+    result = runner.generate(PROMPT)
+    expected = gen.generate(teacher, drafter, PROMPT, HOSTILE_SPEC)
+    _assert_same_run(result, expected)
+    assert result.tokens == greedy[: HOSTILE_SPEC.max_new_tokens]
+    assert set(result.stats.nodes_per_round) == {1}  # only the good first node is verified
+
+
+def test_hostile_token_ids_raise_naming_the_node_in_reference_mode(params, greedy, reference_mode):
+    spec = dataclasses.replace(HOSTILE_SPEC, max_new_tokens=5)  # a trace of its own
+    model = TorchLlama(CFG, params, attention_impl="eager")
+    # The engine's tree check, inherited through plan_round, raised by checkify.
+    with pytest.raises(Exception, match=r"outside the vocabulary \[0, 61\) at node 2"):
+        generate_torch(model, HostileDrafter(first=greedy[0]), PROMPT, spec)
+
+
+def test_method_runner_is_a_peer_runner(params, teacher):
+    drafter = NGramDrafter(budget=8, depth=4, num_matches=4)
+    model = TorchLlama(CFG, params, attention_impl="sdpa")
+    runner = TorchMethodRunner(model, drafter, costs=lambda n: (None, 0.0))
+    spec = dataclasses.replace(SPEC, eos_id=None)
+    result = runner(PROMPT, spec, eos_id=NO_EOS)
+    _assert_same_run(result, gen.generate(teacher, drafter, PROMPT, SPEC))
+    assert runner.describe() == {
+        "backend": "torch",
+        "device": "cpu",
+        "dtype": "float32",
+        "attention_impl": "sdpa",
+        "mode": "tree",
+    }
+    with pytest.raises(ValueError, match="mode must be one of"):
+        TorchMethodRunner(model, drafter, mode="chains")
 
 
 @pytest.mark.slow

@@ -7,8 +7,10 @@ import dataclasses
 import time
 
 from eaglepangu_jax import runtime
-from eaglepangu_jax.calibration.curve import method_verify_latency
+from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
+from eaglepangu_jax.calibration.curve import method_costs
 from eaglepangu_jax.cli import args as args_lib
+from eaglepangu_jax.cli import backend as backend_lib
 from eaglepangu_jax.drafters.registry import NAMES as DRAFTER_NAMES
 from eaglepangu_jax.drafters.registry import DrafterUnavailableError
 from eaglepangu_jax.engine.decode import generate
@@ -16,6 +18,7 @@ from eaglepangu_jax.engine.trace import generate_traced
 from eaglepangu_jax.evaluation.report import write_report
 from eaglepangu_jax.evaluation.run import CompileWatch
 from eaglepangu_jax.methods.registry import Method, make_method
+from eaglepangu_jax.models.config import LlamaConfig
 
 __all__ = ["add_parser", "run"]
 
@@ -72,6 +75,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "slower host-driven loop so that each phase can be timed",
     )
     g.add_argument("--json", metavar="FILE", default=None, help="write the result as JSON")
+    backend_lib.add_option(g)
     return g
 
 
@@ -88,6 +92,9 @@ def run(parser, args, teacher=None, renderer=None) -> int:
     spec = args_lib.spec_of(parser, args, **sampling)
     args_lib.writable(parser, args.json, "JSON output")
     args_lib.writable(parser, args.trace, "trace")
+    if args.trace and args.backend != "jax":
+        parser.error("--trace times the JAX engine's phases; it needs --backend jax")
+    device = backend_lib.torch_device(parser, args)
     _, default = args_lib.depth_of(args)
     name = args.drafter
     if name is None:
@@ -102,13 +109,22 @@ def run(parser, args, teacher=None, renderer=None) -> int:
         method = args_lib.method_of(parser, "greedy" if name == "none" else name, spec, default)
         args_lib.note(f"drafter: {name}")
 
-    teacher = teacher if teacher is not None else runtime.load_teacher()
+    # The prompt is encoded and checked against the teacher's shape before its weights load.
     renderer = renderer if renderer is not None else runtime.load_renderer()
     if args.chat:
         prompt_ids = renderer.encode([{"role": "user", "content": args.prompt}])
     else:
         prompt_ids = renderer.encode_text(args.prompt)
-    result, compile_s = _generate(teacher, method, prompt_ids, args.trace)
+    config = teacher.config if teacher is not None else LlamaConfig.smollm2_135m()
+    args_lib.check_prompt(parser, config, method, prompt_ids)
+    if teacher is None:  # the real model: an 'auto' run reads this machine's calibration
+        teacher = runtime.load_teacher()
+        ensure_calibration(teacher, controlled_methods([method]))
+    runner = None
+    if device is not None:
+        runner = backend_lib.torch_methods([method], teacher, device)[0].runner
+        args_lib.note(f"backend: torch on {device}")
+    result, compile_s = _generate(teacher, method, prompt_ids, args.trace, runner)
     text = renderer.decode(result.tokens)
     stats = result.stats
     seconds = max(stats.seconds - compile_s, 1e-9)
@@ -129,6 +145,7 @@ def run(parser, args, teacher=None, renderer=None) -> int:
             "tokens": result.tokens,
             "text": text,
             "drafter": label,
+            "backend": args.backend,
             "spec": dataclasses.asdict(method.spec),
             "new_tokens": stats.new_tokens,
             "seconds": seconds,
@@ -144,13 +161,17 @@ def run(parser, args, teacher=None, renderer=None) -> int:
     return 0
 
 
-def _generate(teacher, method: Method, prompt_ids: list[int], trace_path: str | None):
-    """One generation; returns the result and the compile seconds inside its decode time."""
-    verify_latency = method_verify_latency(teacher.config, method, len(prompt_ids))
+def _generate(teacher, method: Method, prompt_ids: list[int], trace_path: str | None, runner=None):
+    """One generation (by ``runner``, a peer-like runner, when given); returns the result and
+    the compile seconds inside its decode time."""
+    verify_latency, draft_seconds = method_costs(teacher.config, method, len(prompt_ids))
     watch = CompileWatch()
     start = time.perf_counter()
     with watch.active():
-        if trace_path:
+        if runner is not None:
+            eos_id = teacher.config.eos_id if method.spec.eos_id is None else method.spec.eos_id
+            result = runner(prompt_ids, method.spec, eos_id=eos_id)
+        elif trace_path:
             result = generate_traced(
                 teacher,
                 method.drafter,
@@ -159,6 +180,7 @@ def _generate(teacher, method: Method, prompt_ids: list[int], trace_path: str | 
                 draft_params=method.draft_params,
                 trace_path=trace_path,
                 verify_latency=verify_latency,
+                draft_seconds=draft_seconds,
             )
         else:
             result = generate(
@@ -168,6 +190,7 @@ def _generate(teacher, method: Method, prompt_ids: list[int], trace_path: str | 
                 method.spec,
                 draft_params=method.draft_params,
                 verify_latency=verify_latency,
+                draft_seconds=draft_seconds,
             )
     # Compilations that ended after the prefill belong to the decode time.
     return result, watch.seconds_after(start + result.stats.prefill_seconds)
