@@ -26,8 +26,8 @@ from eaglepangu_jax.models.init import random_params  # noqa: E402
 from npu_backend import attention, bridge, simulated  # noqa: E402
 from npu_backend import runner as runner_lib  # noqa: E402
 from npu_backend.llama_torch import TorchLlama  # noqa: E402
+from npu_backend.method_runner import TorchMethodRunner  # noqa: E402
 from npu_backend.runner import (  # noqa: E402
-    TorchMethodRunner,
     TorchTeacherRunner,
     generate_torch,
 )

@@ -70,12 +70,12 @@ def torch_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
 
 def torch_methods(methods: Sequence[Method], teacher: Teacher, device: str) -> list[Method]:
     """``methods`` with the teacher in torch on ``device``: every engine method (greedy and
-    the drafters) gets a :class:`~npu_backend.runner.TorchMethodRunner` (the peer-runner
+    the drafters) gets a :class:`~npu_backend.method_runner.TorchMethodRunner` (the peer-runner
     protocol of :class:`~eaglepangu_jax.methods.registry.Method`); peers stay as they are.
     One torch copy of the teacher serves them all."""
     from npu_backend import bridge
     from npu_backend.llama_torch import TorchLlama
-    from npu_backend.runner import TorchMethodRunner
+    from npu_backend.method_runner import TorchMethodRunner
 
     model = TorchLlama(
         teacher.config,

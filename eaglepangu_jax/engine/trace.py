@@ -191,7 +191,7 @@ def generate_traced(
     eos_id = gen.eos_id_of(teacher, spec)
     capacity = gen.cache_slots(len(prompt_ids), spec, teacher.config.max_position)
     if drafter is not None and spec.policy == "auto" and verify_latency is None:
-        verify_latency = gen.nominal_verify_latency(teacher.config, spec, len(prompt_ids))
+        verify_latency = gen.nominal_verify_latency(teacher.config, spec, len(prompt_ids) - 1)
     if verify_latency is not None:
         verify_latency = jnp.asarray(verify_latency, jnp.float32)
     records: list[dict[str, Any]] = []
