@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_tree_validator import Fields, first_violation, validate
 
 from eaglepangu_jax import tree as T
 
@@ -37,7 +38,8 @@ def test_literal_five_slot_tree():
     t = T.from_parents([0, 0, 0, 1, 1], tokens=[5, 6, 7, 8, 9], max_depth=2)
     np.testing.assert_array_equal(t.depth, [0, 1, 1, 2, 2])
     np.testing.assert_array_equal(
-        t.ancestors, [[0, 0, 0], [0, 1, 1], [0, 2, 2], [0, 1, 3], [0, 1, 4]])
+        t.ancestors, [[0, 0, 0], [0, 1, 1], [0, 2, 2], [0, 1, 3], [0, 1, 4]]
+    )
     np.testing.assert_array_equal(T.positions(t, 10), [10, 11, 11, 12, 12])
     np.testing.assert_array_equal(T.path_to(t, 4), [0, 1, 4])
     assert bool(T.is_valid(t))
@@ -59,13 +61,15 @@ def test_chain_and_choices():
 
 
 _from_parents_jit = jax.jit(T.from_parents, static_argnames="max_depth")
+_check_jit = jax.jit(T.check)
+_is_valid_jit = jax.jit(T.is_valid)
 
 
 @given(valid_parents(), st.sampled_from([1, 3, 12]))
 def test_property_invariants_hold(data, max_depth):
     parents, valid = data
     t = _from_parents_jit(parents, valid=valid, max_depth=max_depth)
-    results = T.check(t)
+    results = _check_jit(t)
     for name, ok in results.items():
         assert bool(jnp.all(ok)), name
     depth = naive_depths(parents)
@@ -87,8 +91,11 @@ def test_property_invariants_hold(data, max_depth):
         assert bool(t.valid[i]) == expected
 
 
-@given(st.lists(INT32, min_size=10, max_size=10), st.lists(st.booleans(), min_size=10,
-       max_size=10), st.sampled_from([1, 6]))
+@given(
+    st.lists(INT32, min_size=10, max_size=10),
+    st.lists(st.booleans(), min_size=10, max_size=10),
+    st.sampled_from([1, 6]),
+)
 def test_performance_mode_repairs_any_int32_input(performance_mode, raw, valid, max_depth):
     parents = np.asarray(raw, np.int64).astype(np.int32)
     t = _from_parents_jit(parents, valid=np.asarray(valid), max_depth=max_depth)
@@ -96,44 +103,81 @@ def test_performance_mode_repairs_any_int32_input(performance_mode, raw, valid, 
     for field in (t.parents, t.depth, t.ancestors):
         assert int(jnp.min(field)) >= 0 and int(jnp.max(field)) < max(n, max_depth + 1)
     assert int(jnp.max(t.parents)) < n and int(jnp.max(t.ancestors)) < n
-    assert bool(T.is_valid(t))
+    assert bool(_is_valid_jit(t))
+    # The independent validator agrees the repaired tree is sound.
+    repaired = Fields(
+        *(np.asarray(getattr(t, name)) for name in ("parents", "valid", "depth", "ancestors"))
+    )
+    assert first_violation(repaired) is None
 
 
-@given(st.lists(INT32, min_size=8, max_size=8), st.lists(INT32, min_size=8, max_size=8))
+# Any int32, with the small values that make some fields (not all) index in range.
+GARBAGE = st.one_of(st.integers(-1, 8), INT32)
+
+
+@given(st.lists(GARBAGE, min_size=8, max_size=8), st.lists(GARBAGE, min_size=8, max_size=8))
 def test_check_never_fails_on_garbage(parents, depth):
+    """check runs under jit on any int32 fields, and its verdict is the validator's."""
     n = len(parents)
-    t = T.Tree(tokens=jnp.zeros((n,), jnp.int32), parents=jnp.asarray(parents, jnp.int32),
-               valid=jnp.ones((n,), bool), depth=jnp.asarray(depth[:n], jnp.int32),
-               ancestors=jnp.asarray(np.resize(depth, (n, 3)), jnp.int32),
-               logscore=jnp.zeros((n,), jnp.float32))
-    results = jax.jit(T.check)(t)  # must not crash, whatever the values
+    garbage = Fields(
+        parents=np.asarray(parents, np.int32),
+        valid=np.ones((n,), bool),
+        depth=np.asarray(depth, np.int32),
+        ancestors=np.resize(np.asarray(depth, np.int32), (n, 3)),
+    )
+    t = T.Tree(
+        tokens=jnp.zeros((n,), jnp.int32),
+        parents=jnp.asarray(garbage.parents),
+        valid=jnp.asarray(garbage.valid),
+        depth=jnp.asarray(garbage.depth),
+        ancestors=jnp.asarray(garbage.ancestors),
+        logscore=jnp.zeros((n,), jnp.float32),
+    )
+    results = {k: np.asarray(v) for k, v in _check_jit(t).items()}  # must not crash
     assert set(results) == set(T.INVARIANTS)
+    assert all(v.shape == (n,) and v.dtype == bool for v in results.values())
+    # Per slot, the invariants that need no convention for broken input match exactly; and
+    # check names the same first broken (invariant, node) as the independent validator.
+    expected = validate(garbage)
+    for name in ("root_ok", "in_range"):
+        np.testing.assert_array_equal(results[name], expected[name], name)
+    broken = [(k, int(np.argmin(results[k]))) for k in T.INVARIANTS if not results[k].all()]
+    assert (broken[0] if broken else None) == first_violation(garbage)
 
 
-@pytest.mark.parametrize("parents,valid,max_depth,invariant", [
-    ([0, 0, 2], None, 3, "topological"),           # parent == own index
-    ([0, 0, 5], None, 3, "in_range"),              # out of range
-    ([0, -1, 0], None, 3, "in_range"),             # negative sentinel
-    ([0, 2, 1], None, 3, "topological"),           # a cycle 1 <-> 2
-    ([0, 0, 1], [True, False, True], 3, "valid_closure"),
-    ([0, 0, 1, 2, 3], None, 3, "depth_consistent"),  # depth 4 > max_depth 3
-    ([1, 0, 0], None, 3, "root_ok"),
-])
-def test_reference_mode_names_the_broken_invariant(reference_mode, parents, valid, max_depth,
-                                                   invariant):
+@pytest.mark.parametrize(
+    "parents,valid,max_depth,invariant",
+    [
+        ([0, 0, 2], None, 3, "topological"),  # parent == own index
+        ([0, 0, 5], None, 3, "in_range"),  # out of range
+        ([0, -1, 0], None, 3, "in_range"),  # negative sentinel
+        ([0, 2, 1], None, 3, "topological"),  # a cycle 1 <-> 2
+        ([0, 0, 1], [True, False, True], 3, "valid_closure"),
+        ([0, 0, 1, 2, 3], None, 3, "depth_consistent"),  # depth 4 > max_depth 3
+        ([1, 0, 0], None, 3, "root_ok"),
+    ],
+)
+def test_reference_mode_names_the_broken_invariant(
+    reference_mode, parents, valid, max_depth, invariant
+):
     with pytest.raises(T.InvalidTreeError, match=f"'{invariant}' broken at node"):
         T.from_parents(parents, valid=valid, max_depth=max_depth)
     # The same check inside jit raises through checkify.
-    jitted = T.mode.checked(jax.jit(lambda p: T.from_parents(p, valid=valid,
-                                                             max_depth=max_depth)))
+    jitted = T.mode.checked(jax.jit(lambda p: T.from_parents(p, valid=valid, max_depth=max_depth)))
     with pytest.raises(Exception, match=f"'{invariant}' broken at node"):
         jitted(jnp.asarray(parents, jnp.int32))
 
 
 def test_assert_valid_on_hand_built_cycle():
     t = T.from_parents([0, 0, 1], max_depth=2)
-    cyclic = T.Tree(tokens=t.tokens, parents=jnp.asarray([0, 2, 1], jnp.int32), valid=t.valid,
-                    depth=t.depth, ancestors=t.ancestors, logscore=t.logscore)
+    cyclic = T.Tree(
+        tokens=t.tokens,
+        parents=jnp.asarray([0, 2, 1], jnp.int32),
+        valid=t.valid,
+        depth=t.depth,
+        ancestors=t.ancestors,
+        logscore=t.logscore,
+    )
     assert not bool(jnp.all(T.check(cyclic)["acyclic"]))
     with pytest.raises(T.InvalidTreeError, match="broken at node 1"):
         T.assert_valid(cyclic)
@@ -160,8 +204,9 @@ def test_jit_vmap_and_no_recompile():
     eager = T.from_parents([0, 0, 0, 1], valid=[True, True, False, True], max_depth=4)
     for x, y in zip(jax.tree_util.tree_leaves(b), jax.tree_util.tree_leaves(eager)):
         np.testing.assert_array_equal(x, y)
-    batch = jax.vmap(build)(jnp.asarray([[0, 0, 1, 2], [0, 0, 0, 1]], jnp.int32),
-                            jnp.ones((2, 4), bool))
+    batch = jax.vmap(build)(
+        jnp.asarray([[0, 0, 1, 2], [0, 0, 0, 1]], jnp.int32), jnp.ones((2, 4), bool)
+    )
     np.testing.assert_array_equal(batch.depth, [[0, 1, 2, 3], [0, 1, 1, 2]])
     np.testing.assert_array_equal(batch.depth[0], a.depth)
     assert bool(jnp.all(jax.vmap(T.is_valid)(batch)))
@@ -191,7 +236,7 @@ def candidate_paths(draw):
 def test_from_paths_matches_trie_oracle(data, budget):
     paths, lens = data
     t = _from_paths_jit(9, paths, lens, budget=budget)
-    assert bool(T.is_valid(t)) and t.num_slots == budget + 1
+    assert bool(_is_valid_jit(t)) and t.num_slots == budget + 1
     # Oracle: insert prefixes in (path, depth) order, keep the first `budget` distinct ones.
     order, counts = [], {}
     for p, n in zip(paths.tolist(), lens.tolist()):
@@ -204,12 +249,11 @@ def test_from_paths_matches_trie_oracle(data, budget):
     got = []
     for i in range(1, t.num_slots):
         if t.valid[i]:
-            got.append(tuple(int(t.tokens[a]) for a in t.ancestors[i, 1: int(t.depth[i]) + 1]))
+            got.append(tuple(int(t.tokens[a]) for a in t.ancestors[i, 1 : int(t.depth[i]) + 1]))
     assert got == kept
     total = max(sum(1 for n in lens if n > 0), 1)
     for i, prefix in enumerate(got, start=1):
-        np.testing.assert_allclose(np.exp(float(t.logscore[i])), counts[prefix] / total,
-                                   rtol=1e-5)
+        np.testing.assert_allclose(np.exp(float(t.logscore[i])), counts[prefix] / total, rtol=1e-5)
     assert int(t.tokens[0]) == 9
 
 
@@ -218,8 +262,12 @@ def test_from_paths_matches_trie_oracle(data, budget):
 
 def test_keep_best_literal():
     # root -> 1 (-0.1) -> 3 (-0.5), root -> 2 (-2.0), 1 -> 4 (-0.3); keep the best 2 nodes.
-    t = T.from_parents([0, 0, 0, 1, 1], tokens=[9, 11, 12, 13, 14],
-                       logscore=[0.0, -0.1, -2.0, -0.5, -0.3], max_depth=2)
+    t = T.from_parents(
+        [0, 0, 0, 1, 1],
+        tokens=[9, 11, 12, 13, 14],
+        logscore=[0.0, -0.1, -2.0, -0.5, -0.3],
+        max_depth=2,
+    )
     k = T.keep_best(t, 2)
     np.testing.assert_array_equal(k.valid, [True, True, True, False, False])
     np.testing.assert_array_equal(k.tokens[:3], [9, 11, 14])  # packed, original order
@@ -236,8 +284,9 @@ def test_keep_best_literal():
 _keep_best_jit = jax.jit(T.keep_best)
 
 
-@given(valid_parents(), st.lists(st.floats(-8.0, 0.0), min_size=12, max_size=12),
-       st.integers(0, 12))
+@given(
+    valid_parents(), st.lists(st.floats(-8.0, 0.0), min_size=12, max_size=12), st.integers(0, 12)
+)
 def test_keep_best_matches_oracle(data, own, n):
     """Oracle: with path scores non-increasing along paths, the kept set is the top-n valid
     nodes by (score desc, slot asc), and the packed tree has the same root paths of tokens."""
@@ -246,14 +295,14 @@ def test_keep_best_matches_oracle(data, own, n):
 
     scores = np.asarray(path_logscores(parents, np.asarray([0.0] + own[1:], np.float32)))
     tokens = np.arange(100, 112, dtype=np.int32)
-    t = T.from_parents(parents, tokens=tokens, valid=valid, logscore=scores, max_depth=12)
+    t = _from_parents_jit(parents, tokens=tokens, valid=valid, logscore=scores, max_depth=12)
     k = _keep_best_jit(t, jnp.int32(n))
-    assert bool(T.is_valid(k))
+    assert bool(_is_valid_jit(k))
     ranked = sorted((i for i in range(1, 12) if valid[i]), key=lambda i: (-scores[i], i))
     expected = sorted(ranked[:n])
     m = len(expected)
     np.testing.assert_array_equal(np.asarray(k.valid), np.arange(12) <= m)
-    np.testing.assert_array_equal(np.asarray(k.tokens[1:m + 1]), tokens[expected])
+    np.testing.assert_array_equal(np.asarray(k.tokens[1 : m + 1]), tokens[expected])
 
     def token_path(tree, i):
         out = []
