@@ -256,9 +256,14 @@ def load_calibration(
         raise FileNotFoundError(
             f"no calibration at {path}; measure one with 'eaglepangu calibrate'"
         ) from None
+    except UnicodeDecodeError as err:
+        raise CalibrationFileError(
+            f"calibration {path} is corrupt (not UTF-8 text: {err}); "
+            f"measure it again with 'eaglepangu calibrate'"
+        ) from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, RecursionError) as err:
         raise CalibrationFileError(
             f"calibration {path} is corrupt (not JSON: {err}); "
             f"measure it again with 'eaglepangu calibrate'"

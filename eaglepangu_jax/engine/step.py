@@ -255,7 +255,9 @@ def decide(
     if verify_latency is None:
         raise ValueError("policy 'auto' needs the verify latency curve (a calibration)")
     stats = state.control
-    probe = stats.rounds_since_draft >= stats.backoff
+    # A stored back-off outside the configured range (corrupt state) must not stop probes.
+    backoff = jnp.clip(stats.backoff, static.control.min_backoff, static.control.max_backoff)
+    probe = stats.rounds_since_draft >= backoff
     pays = draft_control.speculation_pays(
         stats.accepted_ema,
         stats.nodes_ema,
