@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 from typing import Any, Callable
 
 import jax
@@ -36,6 +34,7 @@ from eaglepangu_jax.engine import decode as engine
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.evaluation import suites
 from eaglepangu_jax.evaluation.run import CompileWatch
+from eaglepangu_jax.files import write_text_atomic
 from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
 from npu_backend import bridge
 from npu_backend.device import select_device
@@ -237,16 +236,8 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def write_json(path: str, report: dict[str, Any]) -> None:
-    """Write ``report`` atomically (temporary file, then rename)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(report, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Write the report as indented JSON, atomically."""
+    write_text_atomic(path, json.dumps(report, indent=2))
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -18,7 +18,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import jax
@@ -29,6 +28,7 @@ from eaglepangu_jax.calibration.measure import measure_grid
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.decode import Teacher, generate, prefill
 from eaglepangu_jax.evaluation import suites
+from eaglepangu_jax.files import write_text_atomic
 from eaglepangu_jax.methods import peers
 from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
 
@@ -231,11 +231,8 @@ def _print_report(result: dict) -> None:
 
 
 def _write_json(path: str, result: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, path)
+    """Write the report as indented JSON, atomically."""
+    write_text_atomic(path, json.dumps(result, indent=2))
 
 
 def _parse_args(argv):

@@ -33,7 +33,6 @@
 
 # %%
 import os
-import tempfile
 
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -42,6 +41,7 @@ import numpy as np
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax import scoring
 from eaglepangu_jax import tree as tree_lib
+from eaglepangu_jax.files import atomic_write
 
 # Figures are shown inline; they are written to disk only when EAGLEPANGU_NOTEBOOK_PLOTS names
 # a folder (CI leaves no files behind).
@@ -52,11 +52,10 @@ def save(fig, name):
     """Write ``fig`` as ``PLOT_DIR/name.png`` when plots were asked for (atomic write)."""
     if not PLOT_DIR:
         return
-    os.makedirs(PLOT_DIR, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=PLOT_DIR)
-    os.close(fd)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, os.path.join(PLOT_DIR, name + ".png"))
+    atomic_write(
+        os.path.join(PLOT_DIR, name + ".png"),
+        lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"),
+    )
 
 
 # %% [markdown]

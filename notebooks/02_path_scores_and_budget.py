@@ -30,7 +30,6 @@
 
 # %%
 import os
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +40,7 @@ from eaglepangu_jax import budget as budget_lib
 from eaglepangu_jax import scoring
 from eaglepangu_jax.calibration import measure as cal_measure
 from eaglepangu_jax.engine.decode import Teacher
+from eaglepangu_jax.files import atomic_write
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.smollm2 import load_smollm2
 
@@ -51,11 +51,10 @@ def save(fig, name):
     """Write ``fig`` as ``PLOT_DIR/name.png`` when plots were asked for (atomic write)."""
     if not PLOT_DIR:
         return
-    os.makedirs(PLOT_DIR, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=PLOT_DIR)
-    os.close(fd)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, os.path.join(PLOT_DIR, name + ".png"))
+    atomic_write(
+        os.path.join(PLOT_DIR, name + ".png"),
+        lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"),
+    )
 
 
 # %% [markdown]

@@ -31,7 +31,6 @@
 # %%
 import html
 import os
-import tempfile
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -40,6 +39,7 @@ from IPython.display import HTML, display
 from eaglepangu_jax.drafters import NGramDrafter
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.decode import Teacher, generate
+from eaglepangu_jax.files import atomic_write
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.chat import encode_chat
 from eaglepangu_jax.models.smollm2 import load_smollm2
@@ -52,11 +52,10 @@ def save(fig, name):
     """Write ``fig`` as ``PLOT_DIR/name.png`` when plots were asked for (atomic write)."""
     if not PLOT_DIR:
         return
-    os.makedirs(PLOT_DIR, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=PLOT_DIR)
-    os.close(fd)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, os.path.join(PLOT_DIR, name + ".png"))
+    atomic_write(
+        os.path.join(PLOT_DIR, name + ".png"),
+        lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"),
+    )
 
 
 # %% [markdown]

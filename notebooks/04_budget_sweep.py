@@ -36,7 +36,6 @@
 
 # %%
 import os
-import tempfile
 import time
 
 import jax
@@ -53,6 +52,7 @@ from eaglepangu_jax.drafters import NGramDrafter
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.decode import Teacher, generate
 from eaglepangu_jax.evaluation.suites import load_suite
+from eaglepangu_jax.files import atomic_write
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.chat import encode_chat
 from eaglepangu_jax.models.smollm2 import load_smollm2
@@ -65,11 +65,10 @@ def save(fig, name):
     """Write ``fig`` as ``PLOT_DIR/name.png`` when plots were asked for (atomic write)."""
     if not PLOT_DIR:
         return
-    os.makedirs(PLOT_DIR, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=PLOT_DIR)
-    os.close(fd)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, os.path.join(PLOT_DIR, name + ".png"))
+    atomic_write(
+        os.path.join(PLOT_DIR, name + ".png"),
+        lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"),
+    )
 
 
 BUDGETS, DEPTHS, MAX_NEW = (2, 4, 8, 16), (2, 4, 8), 48
