@@ -256,8 +256,10 @@ def test_auto_policy_prunes_a_drafter_built_tree(teacher):
     flat = jnp.ones((9,), jnp.float32)
     full = gen.generate(teacher, drafter, PROMPT, spec, verify_latency=flat)
     assert pruned.tokens == expected and full.tokens == expected
-    assert set(pruned.stats.nodes_per_round) == {0}
-    assert pruned.stats.accepted_length == 1.0
+    # Plain steps, except the controller's exploration probes, which verify the cheapest
+    # multi-token bucket (3 nodes) and no more.
+    assert set(pruned.stats.nodes_per_round) <= {0, 3}
+    assert sum(n == 0 for n in pruned.stats.nodes_per_round) > len(pruned.stats.nodes_per_round) / 2
     assert min(full.stats.nodes_per_round) > 0 and full.stats.accepted_length > 1.2
 
 

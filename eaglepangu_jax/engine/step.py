@@ -191,6 +191,11 @@ def controlled_tree(
     full = tree_lib.restrict_tokens(
         dataclasses.replace(full, tokens=full.tokens.at[0].set(root)), static.teacher.vocab_size
     )
+    if proposal.draft_probs is not None:
+        # Sampled children: dropping an earlier draw while keeping its later siblings would
+        # make the verifier read them as first draws (not lossless), so the tree is verified
+        # as drawn; the controller only decides whether to draft.
+        return _finish_tree(static, full, root, jnp.sum(full.valid[1:]).astype(jnp.int32))
     n_cal, calibrated = draft_control.choose_nodes(
         stats, static.control, full, verify_latency, draft_seconds, 0.0
     )
