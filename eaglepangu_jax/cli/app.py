@@ -16,6 +16,7 @@ from eaglepangu_jax import runtime
 from eaglepangu_jax.cli import args as args_lib
 from eaglepangu_jax.cli import bench as bench_cli
 from eaglepangu_jax.cli import calibrate as calibrate_cli
+from eaglepangu_jax.cli import corpus as corpus_cli
 from eaglepangu_jax.cli import errors
 from eaglepangu_jax.cli import experiments as experiments_cli
 from eaglepangu_jax.cli import generate as generate_cli
@@ -40,6 +41,7 @@ experiments (each a grid of settings run side by side with greedy; JSON + PNG):
   budgets        best-first at fixed budgets vs the 'auto' roofline controller, per category
   calibrate      time the verify forward on this machine, fit the roofline, save it
   train-draft    reproduce a shipped drafter (self-distillation + training)
+  corpus         grow the self-distilled corpus: user turns the teacher writes, its answers
 """
 
 EPILOG = """\
@@ -116,6 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate_cli.add_arguments(c)
     c.set_defaults(command_parser=c)
+    k = sub.add_parser(
+        "corpus",
+        formatter_class=args_lib.Formatter,
+        help="grow the self-distilled corpus (resumable; --ray-address for Ray)",
+        description="Sample user turns from the teacher's pre-query template, filter and\n"
+        "deduplicate them, drop any that overlaps MT-Bench or HumanEval, mix in the\n"
+        "template prompts, and answer them greedily in batches, one content-addressed\n"
+        "shard of token ids at a time, until the answers hold --target-tokens.",
+        epilog="examples:\n  eaglepangu corpus --target-tokens 1000000\n"
+        "  eaglepangu corpus --summary\n  eaglepangu corpus --ray-address local",
+    )
+    corpus_cli.add_arguments(k)
+    k.set_defaults(command_parser=k)
     for name, (add_arguments, _) in experiments_cli.COMMANDS.items():
         e = sub.add_parser(
             name,
@@ -168,4 +183,6 @@ def _dispatch(args: argparse.Namespace, sub: argparse.ArgumentParser, teacher, r
         return bench_cli.run_demo(sub, args, teacher, renderer)
     if args.command == "calibrate":
         return calibrate_cli.run(args, teacher=teacher)
+    if args.command == "corpus":
+        return corpus_cli.run(sub, args, teacher=teacher)
     return experiments_cli.COMMANDS[args.command][1](args, teacher=teacher, renderer=renderer)

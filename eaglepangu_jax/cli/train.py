@@ -39,6 +39,12 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shard-size", type=int, default=16)
     parser.add_argument("--data-dir", default=None, help="shard directory (default: cache)")
     parser.add_argument(
+        "--corpus",
+        default=None,
+        help="train on this corpus folder (see 'eaglepangu corpus'; its manifest's held-out "
+        "shards are held out) instead of answering --prompts template prompts",
+    )
+    parser.add_argument(
         "--holdout-shards",
         type=int,
         default=0,
@@ -97,11 +103,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from eaglepangu_jax.engine.decode import Teacher
-    from eaglepangu_jax.models import chat, llama, smollm2
+    from eaglepangu_jax.models import llama, smollm2
     from eaglepangu_jax.models import tokenizer as tok_lib
     from eaglepangu_jax.models.weights_cache import resolve_cache_dir
-    from eaglepangu_jax.training import data as data_lib
-    from eaglepangu_jax.training.prompts import training_prompts
 
     t0 = time.time()
     teacher_cfg, params = smollm2.load_smollm2()
@@ -114,32 +118,17 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         )
     else:
         head_cfg = eagle3.Eagle3Config.for_teacher(teacher_cfg, args.vocab_size)
-    settings = data_lib.DataSettings(
-        feature_layers=head_cfg.feature_layers,
-        max_new_tokens=args.max_new_tokens,
-        shard_size=args.shard_size,
-    )
-    prompt_ids = [
-        chat.encode_chat(tok, [{"role": "user", "content": p}])
-        for p in training_prompts(args.prompts, seed=args.seed)
-    ]
-    data_dir = Path(args.data_dir) if args.data_dir else resolve_cache_dir() / "eagle3-data"
-    keys = data_lib.build_dataset(
-        teacher,
-        prompt_ids,
-        settings,
-        data_dir,
-        fingerprint=fingerprint,
-        ray_address=args.ray_address,
-    )
-    shards = data_lib.load_dataset(data_dir, keys)
-    if not 0 <= args.holdout_shards < len(shards):
-        parser.error(
-            f"--holdout-shards {args.holdout_shards} must lie in [0, "
-            f"{len(shards) - 1}] ({len(shards)} shards)"
+    if args.corpus is not None:
+        shards, held = _corpus_shards(
+            parser,
+            teacher,
+            args.corpus,
+            head_cfg.feature_layers,
+            fingerprint,
+            resolve_cache_dir() / "features",
         )
-    held = shards[len(shards) - args.holdout_shards :] if args.holdout_shards else []
-    shards = shards[: len(shards) - args.holdout_shards]
+    else:
+        shards, held = _prompt_shards(parser, args, teacher, tok, head_cfg, fingerprint)
     counts = token_counts((s.tokens for s in shards), teacher_cfg.vocab_size)
     vocab = build_vocab(counts, args.vocab_size, special_ids=(0, 1, 2))
     print(f"draft vocabulary: {vocab.size} tokens, coverage {vocab.coverage:.4f}")
@@ -224,3 +213,74 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         )
     print(f"done in {time.time() - t0:.0f} s; final loss {losses[-1]:.4f}")
     return 0
+
+
+def _prompt_shards(parser, args, teacher, tok, head_cfg, fingerprint):
+    """Training and held-out shards answered from the template prompts (the legacy path)."""
+    from eaglepangu_jax.models import chat
+    from eaglepangu_jax.models.weights_cache import resolve_cache_dir
+    from eaglepangu_jax.training import data as data_lib
+    from eaglepangu_jax.training.prompts import training_prompts
+
+    settings = data_lib.DataSettings(
+        feature_layers=head_cfg.feature_layers,
+        max_new_tokens=args.max_new_tokens,
+        shard_size=args.shard_size,
+    )
+    prompt_ids = [
+        chat.encode_chat(tok, [{"role": "user", "content": p}])
+        for p in training_prompts(args.prompts, seed=args.seed)
+    ]
+    data_dir = Path(args.data_dir) if args.data_dir else resolve_cache_dir() / "eagle3-data"
+    keys = data_lib.build_dataset(
+        teacher,
+        prompt_ids,
+        settings,
+        data_dir,
+        fingerprint=fingerprint,
+        ray_address=args.ray_address,
+    )
+    shards = data_lib.load_dataset(data_dir, keys)
+    if not 0 <= args.holdout_shards < len(shards):
+        parser.error(
+            f"--holdout-shards {args.holdout_shards} must lie in [0, "
+            f"{len(shards) - 1}] ({len(shards)} shards)"
+        )
+    held = shards[len(shards) - args.holdout_shards :] if args.holdout_shards else []
+    shards = shards[: len(shards) - args.holdout_shards]
+    return shards, held
+
+
+def _corpus_shards(parser, teacher, directory, feature_layers, fingerprint, features_dir):
+    """Training and held-out shards of a corpus folder (its manifest's split), with the
+    teacher features recomputed from the ids (cached in ``features_dir``)."""
+    from eaglepangu_jax.training import corpus as corpus_lib
+    from eaglepangu_jax.training import distill
+    from eaglepangu_jax.training.features import shard_features
+
+    try:
+        manifest = distill.read_manifest(directory)
+    except ValueError as err:
+        parser.error(f"--corpus: {err}")
+    if manifest["teacher"] != fingerprint:
+        parser.error(
+            f"--corpus: the corpus in {directory} was answered by teacher "
+            f"{manifest['teacher'][:12]}, not the installed {fingerprint[:12]}"
+        )
+    out: dict[str, list] = {"train": [], "heldout": []}
+    for i, entry in enumerate(manifest["shards"]):
+        shard = corpus_lib.load_corpus_shard(Path(directory) / "answers", entry["key"])
+        if shard is None:
+            parser.error(f"--corpus: shard {entry['key']} in {directory} is missing or corrupt")
+        print(f"features: shard {i + 1}/{len(manifest['shards'])}", flush=True)
+        out[entry["split"]].append(
+            shard_features(
+                teacher,
+                shard,
+                entry["sha256"],
+                feature_layers,
+                features_dir,
+                fingerprint=fingerprint,
+            )
+        )
+    return out["train"], out["heldout"]

@@ -38,6 +38,7 @@ __all__ = [
     "per_category",
     "iter_turns",
     "load_prompts",
+    "evaluation_texts",
     "load_suite",
 ]
 
@@ -199,6 +200,15 @@ def _humaneval() -> list[Conversation]:
         )
         for p in problems
     ]
+
+
+def evaluation_texts() -> list[str]:
+    """Every text the shipped suites could ever show the teacher: all MT-Bench turns and all
+    HumanEval problems (not only the first :data:`HUMANEVAL_COUNT`). Training data is checked
+    against these (:class:`eaglepangu_jax.training.synth.EvalGuard`)."""
+    mtbench = [turn for conv in _mtbench() for turn in conv.turns]
+    humaneval = [p.turns[0] for p in _parse(_read_data(HUMANEVAL_FILE), HUMANEVAL_FILE)]
+    return mtbench + humaneval
 
 
 def load_suite(name: str) -> list[Conversation]:
