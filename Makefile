@@ -1,7 +1,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install lint test test-fast run bench clean
+.PHONY: install lint test test-all run bench clean
 
 install:
 	$(PIP) install -q -e '.[test,reference]'
@@ -16,10 +16,11 @@ lint: install
 
 # One process per test file (see tests/run_suite.py: a single process outgrows 24 GB).
 test: lint
-	$(PYTHON) tests/run_suite.py
-
-test-fast: lint
 	$(PYTHON) tests/run_suite.py -m "not slow"
+
+# Everything, the long real-model runs (marked slow) included.
+test-all: lint
+	$(PYTHON) tests/run_suite.py
 
 run: install
 	$(PYTHON) -m eaglepangu_jax.cli demo

@@ -29,6 +29,8 @@ Environment:
   EAGLEPANGU_FILE_TIMEOUT  wall-clock seconds per file (default 1800); over it the file's
                            process group is killed and the file counts as failed.
   EAGLEPANGU_TEST_TIMEOUT  per-test seconds for pytest-timeout (default 600).
+  EAGLEPANGU_TEST_JOBS     files run at the same time (default 2); results print as files
+                           finish, longest files (by size) start first.
   CI                       ``true``/``1``/``yes``: collection-time skips and empty files fail.
   JAX_COMPILATION_CACHE_DIR  if unset, one temporary persistent compilation cache is shared
                            by all files of the run (with JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import concurrent.futures
 import dataclasses
 import glob
 import importlib.util
@@ -62,6 +65,9 @@ TESTS = pathlib.Path(__file__).resolve().parent
 REPO = TESTS.parent
 DEFAULT_FILE_TIMEOUT = 1800.0
 DEFAULT_TEST_TIMEOUT = 600.0
+# Files run two at a time: most of a file's time is XLA compiling on one thread, so two files
+# share two cores well; peak memory stays far under 24 GB (the real-model files use ~3-5 GB).
+DEFAULT_JOBS = 2
 LOG_TAIL = 8000
 _STATS_ENV = "EAGLEPANGU_SUITE_STATS"  # child side: where the plugin writes its counts
 
@@ -483,6 +489,7 @@ def _float_env(name: str, default: float) -> float:
 def main(argv: list[str]) -> int:
     ci = _truthy(os.environ.get("CI"))
     file_timeout = _float_env("EAGLEPANGU_FILE_TIMEOUT", DEFAULT_FILE_TIMEOUT)
+    jobs = max(1, int(_float_env("EAGLEPANGU_TEST_JOBS", DEFAULT_JOBS)))
     test_timeout: float | None = _float_env("EAGLEPANGU_TEST_TIMEOUT", DEFAULT_TEST_TIMEOUT)
     selectors, forwarded = _split_args(argv)
     files = _resolve(selectors)
@@ -513,7 +520,8 @@ def main(argv: list[str]) -> int:
         env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
         cache_note = f"shared JAX cache {cache} (deleted at the end)"
     print(
-        f"run_suite: {len(files)} files, per-file limit {file_timeout:g} s, per-test limit "
+        f"run_suite: {len(files)} files, {jobs} at a time, per-file limit {file_timeout:g} s, "
+        f"per-test limit "
         f"{'none' if test_timeout is None else f'{test_timeout:g} s'}, CI={ci}, {cache_note}"
         + (f", pytest args {forwarded}" if forwarded else ""),
         flush=True,
@@ -521,13 +529,28 @@ def main(argv: list[str]) -> int:
 
     results: list[FileResult] = []
     start = time.perf_counter()
+    # Longest files first (by size, a fair proxy) so the last one to finish is a short one.
+    order = sorted(files.items(), key=lambda item: -item[0].stat().st_size)
     try:
-        for path, targets in files.items():
-            result = _run_file(
-                path, targets, forwarded, workdir, env, file_timeout, test_timeout, ci
-            )
-            results.append(result)
-            _print_file(result)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [
+                pool.submit(
+                    _run_file,
+                    path,
+                    targets,
+                    forwarded,
+                    workdir,
+                    env,
+                    file_timeout,
+                    test_timeout,
+                    ci,
+                )
+                for path, targets in order
+            ]
+            for future in concurrent.futures.as_completed(futures):
+                result = future.result()
+                results.append(result)
+                _print_file(result)
     except KeyboardInterrupt:
         print("run_suite: interrupted", file=sys.stderr)
         return 130

@@ -129,7 +129,7 @@ def _ids(encoding):
     return list(encoding["input_ids"] if hasattr(encoding, "keys") else encoding)
 
 
-@pytest.mark.slow
+@pytest.mark.real_model  # kept in `make test`
 @pytest.mark.reference
 @pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
@@ -149,7 +149,7 @@ def test_matches_transformers(real_pair, index, add_generation_prompt):
     assert encode_chat(ours, messages, add_generation_prompt) == want_ids
 
 
-@pytest.mark.slow
+@pytest.mark.real_model  # kept in `make test`
 def test_default_tokenizer_is_smollm2(real_pair, tmp_path, monkeypatch):
     from eaglepangu_jax.models import weights_cache
 

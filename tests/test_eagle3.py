@@ -123,7 +123,7 @@ def test_generation_with_eagle3_equals_greedy(tiny):
         assert spec_out.stats.rounds <= plain.stats.rounds
 
 
-@pytest.mark.slow
+# Real model, kept in `make test` (not marked slow): the shipped head end to end.
 def test_shipped_head_on_real_teacher_is_lossless_and_accepts():
     from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
 

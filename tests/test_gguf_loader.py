@@ -441,7 +441,7 @@ def smollm2_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("smollm2-cache")
 
 
-@pytest.mark.slow
+@pytest.mark.real_model  # kept in `make test`
 def test_smollm2_loads_and_caches(smollm2_cache):
     path = _smollm2_or_skip()
     config, params = smollm2.load_smollm2(cache_dir=smollm2_cache)
@@ -463,7 +463,7 @@ def test_smollm2_loads_and_caches(smollm2_cache):
     )
 
 
-@pytest.mark.slow
+@pytest.mark.real_model  # kept in `make test`
 @pytest.mark.reference
 def test_smollm2_rope_order_matches_transformers(smollm2_cache):
     """Our Q/K rows equal what transformers' own GGUF conversion makes of the same tensors."""

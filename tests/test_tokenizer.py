@@ -246,7 +246,7 @@ def real_pair(tmp_path_factory):
     return ours, theirs
 
 
-@pytest.mark.slow
+@pytest.mark.real_model  # kept in `make test`
 @pytest.mark.reference
 def test_smollm2_matches_transformers(real_pair):
     ours, theirs = real_pair
@@ -257,7 +257,7 @@ def test_smollm2_matches_transformers(real_pair):
         assert ours.decode(want) == theirs.decode(want) == text, text
 
 
-@pytest.mark.slow
+@pytest.mark.real_model  # kept in `make test`
 @pytest.mark.reference
 def test_smollm2_specials_and_streaming(real_pair):
     ours, _ = real_pair

@@ -4,6 +4,9 @@
 * :class:`Eagle3Drafter`: the EAGLE-3 head on the teacher's features (trained, shipped).
 * :class:`BlockDrafter`: a DFlash-style block drafter, per-depth marginals in one pass
   (trained, shipped).
+* :class:`DraftTargetDrafter`: an independent draft LM with its own KV cache (draft-target
+  speculation); :func:`truncated_teacher` makes a training-free draft, :func:`load_draft_target`
+  the real teacher's.
 
 :mod:`~eaglepangu_jax.drafters.registry` lists them by name;
 :mod:`~eaglepangu_jax.drafters.checkpoint` reads and writes trained heads.
@@ -11,6 +14,11 @@
 
 from eaglepangu_jax.drafters.block import BlockDrafter, load_shipped_block
 from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
+from eaglepangu_jax.drafters.draft_target import (
+    DraftTargetDrafter,
+    load_draft_target,
+    truncated_teacher,
+)
 from eaglepangu_jax.drafters.eagle3 import Eagle3Drafter, load_shipped_eagle3
 from eaglepangu_jax.drafters.ngram import NGramDrafter
 from eaglepangu_jax.drafters.registry import (
@@ -27,13 +35,16 @@ __all__ = [
     "NAMES",
     "BlockDrafter",
     "DrafterUnavailableError",
+    "DraftTargetDrafter",
     "Eagle3Drafter",
     "NGramDrafter",
     "configure_drafter",
     "load_checkpoint",
+    "load_draft_target",
     "load_shipped",
     "load_shipped_block",
     "load_shipped_eagle3",
     "make_drafter",
     "save_checkpoint",
+    "truncated_teacher",
 ]

@@ -13,6 +13,7 @@ import importlib
 from typing import Any
 
 from eaglepangu_jax.drafters.block import BlockDrafter
+from eaglepangu_jax.drafters.draft_target import DraftTargetDrafter
 from eaglepangu_jax.drafters.eagle3 import Eagle3Drafter
 from eaglepangu_jax.drafters.ngram import NGramDrafter
 
@@ -31,6 +32,7 @@ DRAFTERS: dict[str, type] = {
     "ngram": NGramDrafter,
     "eagle3": Eagle3Drafter,
     "block": BlockDrafter,
+    "draft-target": DraftTargetDrafter,  # an independent draft LM (truncated teacher: methods)
 }
 NAMES: tuple[str, ...] = tuple(DRAFTERS)
 # Drafters whose weights ship with the library (loaded by :func:`load_shipped`).

@@ -10,9 +10,11 @@ and the peers, listed once here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Protocol, Sequence
 
 from eaglepangu_jax.budget import NOMINAL_BANDWIDTH, NOMINAL_PEAK_FLOPS
+from eaglepangu_jax.drafters import draft_target
 from eaglepangu_jax.drafters.registry import (
     MARGINAL,
     DrafterUnavailableError,
@@ -41,10 +43,13 @@ __all__ = [
     "parse_methods",
     "load_eagle3",
     "load_block",
+    "DRAFT_TARGET",
+    "load_truncated_draft",
     "make_method",
 ]
 
 REFERENCE = "greedy"
+DRAFT_TARGET = "draft-target"  # built on the real teacher, truncated (load_truncated_draft)
 # Peers: other implementations decoding the same GGUF file, run beside ours; the value is the
 # prompt-lookup candidate count (None: plain greedy).
 PEER_METHODS = {"transformers-greedy": None, "transformers-pld": peers.PROMPT_LOOKUP_TOKENS}
@@ -110,6 +115,28 @@ def load_block(*, budget: int = DEFAULT_BUDGET) -> tuple[Any, Any]:
     return load_shipped("block", budget=budget)
 
 
+@functools.cache
+def _truncated_teacher_draft() -> tuple[Any, Any]:
+    """Read once per process: every grid cell shares the truncated weights."""
+    try:
+        return draft_target.load_draft_target()
+    except (ImportError, OSError, ValueError, KeyError) as err:
+        raise DrafterUnavailableError(
+            f"the draft-target drafter's teacher could not be loaded: {err}"
+        ) from err
+
+
+def load_truncated_draft(spec: SpecConfig) -> tuple[Any, Any]:
+    """The draft-target drafter on the real teacher truncated to
+    :data:`~eaglepangu_jax.drafters.draft_target.DEFAULT_LAYERS` layers, and its weights,
+    set up for ``spec``: its budget and depth, and when ``spec`` samples its temperature and
+    top-p (the drafter cannot read the engine's traced values; any is lossless, the run's
+    accepts most)."""
+    drafter, params = _truncated_teacher_draft()
+    sampled = dict(temperature=spec.temperature, top_p=spec.top_p) if spec.sampling else {}
+    return dataclasses.replace(drafter, budget=spec.budget, depth=spec.depth, **sampled), params
+
+
 def make_method(
     name: str,
     spec: SpecConfig,
@@ -125,7 +152,8 @@ def make_method(
       spec: the run settings. The block drafter proposes marginals, not a tree: under the
         default ``"drafter"`` policy it runs ``"auto"`` (best-first, roofline-sized trees).
       default_depth: ``spec.depth`` is a default the user did not choose: a shipped drafter
-        keeps the depth it comes with (EAGLE-3's head was trained for its own), and a drafter
+        keeps the depth it comes with (EAGLE-3's head was trained for its own; the
+        draft-target drafter its measured default), and a drafter
         whose maximum is lower lowers it, instead of failing.
       eagle3_loader: returns the EAGLE-3 ``(drafter, params)`` (default: :func:`load_eagle3`).
       torch_threads: torch's threads for the transformers peers (``None``: torch's default;
@@ -152,6 +180,10 @@ def make_method(
         if default_depth:
             spec = dataclasses.replace(spec, depth=drafter.max_depth)
         drafter = configure_drafter(drafter, budget=spec.budget, depth=spec.depth)
+    elif name == DRAFT_TARGET:
+        if default_depth:
+            spec = dataclasses.replace(spec, depth=draft_target.DEFAULT_DEPTH)
+        drafter, params = load_truncated_draft(spec)
     else:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
     if spec.depth > drafter.max_depth:
