@@ -137,3 +137,27 @@ def test_shipped_head_on_real_teacher_is_lossless_and_accepts():
     out = generate(teacher, drafter, prompt, spec, draft_params=dparams)
     assert out.tokens == plain.tokens
     assert out.stats.accepted_length > 1.0
+
+
+def test_mtp_is_registered_as_a_trained_one_token_method():
+    from eaglepangu_jax.drafters import registry
+    from eaglepangu_jax.methods import METHODS
+
+    assert "mtp" in registry.NAMES and "mtp" in registry.TRAINED and "mtp" in METHODS
+
+
+@pytest.mark.slow
+def test_mtp_drafts_one_token_per_round_and_is_lossless_on_the_real_teacher():
+    from eaglepangu_jax.methods import make_method
+    from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
+
+    cfg, params = smollm2.load_smollm2()
+    teacher = Teacher(cfg, llama.prepare_params(params))
+    method = make_method("mtp", SpecConfig(policy="drafter", budget=8, depth=6, max_new_tokens=32))
+    assert (method.spec.budget, method.spec.depth, method.drafter.top_k) == (1, 1, 1)
+    tok = tokenizer.load_tokenizer()
+    prompt = chat.encode_chat(tok, [{"role": "user", "content": "Name three primary colours."}])
+    plain = generate(teacher, None, prompt, method.spec)
+    out = generate(teacher, method.drafter, prompt, method.spec, draft_params=method.draft_params)
+    assert out.tokens == plain.tokens
+    assert set(out.stats.nodes_per_round) <= {0, 1} and max(out.stats.accepted_per_round) == 1

@@ -33,10 +33,11 @@ DRAFTERS: dict[str, type] = {
     "eagle3": Eagle3Drafter,
     "block": BlockDrafter,
     "draft-target": DraftTargetDrafter,  # an independent draft LM (truncated teacher: methods)
+    "mtp": Eagle3Drafter,  # single-token speculation: the EAGLE-3 head at depth 1 (drafters/mtp)
 }
 NAMES: tuple[str, ...] = tuple(DRAFTERS)
 # Drafters whose weights ship with the library (loaded by :func:`load_shipped`).
-TRAINED: tuple[str, ...] = ("eagle3", "block")
+TRAINED: tuple[str, ...] = ("eagle3", "block", "mtp")
 # Drafters that propose per-depth marginals, which a tree policy shapes (best-first, auto),
 # rather than a ready tree.
 MARGINAL: tuple[str, ...] = ("block",)

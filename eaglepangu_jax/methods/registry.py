@@ -170,6 +170,9 @@ def make_method(
         return _peer_method(name, spec, torch_threads)
     if name == "ngram":
         drafter, params = make_drafter("ngram", depth=spec.depth, budget=spec.budget), None
+    elif name == "mtp":  # one drafted token per round, whatever the spec's tree settings
+        drafter, params = load_shipped("mtp")
+        spec = dataclasses.replace(spec, budget=1, depth=1)
     elif name in ("eagle3", "block"):
         if name == "eagle3":
             drafter, params = (eagle3_loader or load_eagle3)()
