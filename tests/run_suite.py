@@ -30,7 +30,10 @@ Environment:
                            process group is killed and the file counts as failed.
   EAGLEPANGU_TEST_TIMEOUT  per-test seconds for pytest-timeout (default 600).
   EAGLEPANGU_TEST_JOBS     files run at the same time (default 2); results print as files
-                           finish, longest files (by size) start first.
+                           finish, longest files start first (tests/durations.json,
+                           else file size).
+  EAGLEPANGU_RECORD_DURATIONS  ``1``: write this run's seconds per file into
+                           tests/durations.json.
   CI                       ``true``/``1``/``yes``: collection-time skips and empty files fail.
   JAX_COMPILATION_CACHE_DIR  if unset, one temporary persistent compilation cache is shared
                            by all files of the run (with JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME
@@ -68,6 +71,7 @@ DEFAULT_TEST_TIMEOUT = 600.0
 # Files run two at a time: most of a file's time is XLA compiling on one thread, so two files
 # share two cores well; peak memory stays far under 24 GB (the real-model files use ~3-5 GB).
 DEFAULT_JOBS = 2
+DURATIONS = TESTS / "durations.json"  # seconds per file of a recorded run: the start order
 LOG_TAIL = 8000
 _STATS_ENV = "EAGLEPANGU_SUITE_STATS"  # child side: where the plugin writes its counts
 
@@ -473,6 +477,22 @@ def _print_file(result: FileResult) -> None:
     sys.stdout.flush()
 
 
+def _recorded_durations() -> dict[str, float]:
+    """Seconds per file from :data:`DURATIONS` (written by a run with
+    ``EAGLEPANGU_RECORD_DURATIONS=1``); only used to order the files."""
+    try:
+        data = json.loads(DURATIONS.read_text())
+        return {str(k): float(v) for k, v in data.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _record_durations(results: list[FileResult]) -> None:
+    data = _recorded_durations()
+    data.update({r.name: round(r.seconds, 1) for r in results})
+    DURATIONS.write_text(json.dumps(dict(sorted(data.items())), indent=1) + "\n")
+
+
 def _float_env(name: str, default: float) -> float:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -529,8 +549,13 @@ def main(argv: list[str]) -> int:
 
     results: list[FileResult] = []
     start = time.perf_counter()
-    # Longest files first (by size, a fair proxy) so the last one to finish is a short one.
-    order = sorted(files.items(), key=lambda item: -item[0].stat().st_size)
+    # Longest files first (by the recorded durations, else by size) so that the last ones to
+    # finish are short and the two workers end together.
+    known = _recorded_durations()
+    order = sorted(
+        files.items(),
+        key=lambda item: (-known.get(item[0].name, 0.0), -item[0].stat().st_size),
+    )
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = [
@@ -557,6 +582,8 @@ def main(argv: list[str]) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     minutes = (time.perf_counter() - start) / 60
+    if _truthy(os.environ.get("EAGLEPANGU_RECORD_DURATIONS")):
+        _record_durations(results)
 
     passed = sum(r.passed for r in results)
     failed = sum(r.failed + r.errors for r in results)

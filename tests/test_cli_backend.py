@@ -118,7 +118,7 @@ def test_help_works_without_torch():
     assert "npu_backend" not in done.stderr
 
 
-# Real model, kept in `make test` (not marked slow): the torch backend's command equals jax.
+@pytest.mark.slow  # 2-4 minutes: `make test-all` (the tiny-teacher test above runs in `make test`)
 def test_generate_torch_equals_jax_on_the_real_model(tmp_path, capsys):
     pytest.importorskip("torch")
     try:

@@ -5,6 +5,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from test_engine_hostile import random_mostly_valid_tree
 
@@ -31,25 +32,31 @@ def teacher():
     return gen.Teacher(CFG, params)
 
 
+@jax.jit
+def _uncached_logits(params, tokens):
+    """Logits of a full causal forward from an empty cache (no incremental state at all)."""
+    t = tokens.shape[0]
+    kv = KVCache(
+        k=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
+        v=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
+        length=jnp.int32(0),
+    )
+    positions = jnp.arange(t, dtype=jnp.int32)
+    mask = mask_lib.causal_mask(t, 0, t)
+    return llama.forward(params, tokens, positions, kv, mask, config=CFG)[0]
+
+
 def naive_greedy(teacher, prompt, n):
-    """Oracle: full uncached forward over the whole sequence for every new token."""
+    """Oracle: full uncached forward over the whole sequence for every new token. The
+    sequence is zero-padded to a multiple of 64 (one compilation for every call here); causal
+    attention keeps the padding after position ``t`` out of the logits at ``t``."""
     seq = list(prompt)
+    length = -(-(len(prompt) + n) // 64) * 64
     for _ in range(n):
-        t = len(seq)
-        kv = KVCache(
-            k=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
-            v=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
-            length=jnp.int32(0),
-        )
-        logits, _, _ = llama.forward(
-            teacher.params,
-            jnp.asarray(seq, jnp.int32),
-            jnp.arange(t, dtype=jnp.int32),
-            kv,
-            mask_lib.causal_mask(t, 0, t),
-            config=CFG,
-        )
-        seq.append(int(jnp.argmax(logits[-1])))
+        padded = np.zeros(length, np.int32)
+        padded[: len(seq)] = seq
+        logits = _uncached_logits(teacher.params, jnp.asarray(padded))
+        seq.append(int(jnp.argmax(logits[len(seq) - 1])))
     return seq[len(prompt) :]
 
 

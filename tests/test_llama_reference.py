@@ -11,7 +11,7 @@ from eaglepangu_jax.engine.decode import Teacher, generate
 from eaglepangu_jax.methods import peers
 from eaglepangu_jax.models import chat, llama, smollm2, tokenizer
 
-pytestmark = [pytest.mark.reference]  # kept in `make test`: the transformers equivalence
+pytestmark = [pytest.mark.slow, pytest.mark.reference]
 
 TEXTS = [
     "Hello!",

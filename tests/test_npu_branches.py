@@ -210,7 +210,7 @@ SAMPLE = SpecConfig(
 
 @pytest.mark.parametrize(
     "which, spec",
-    [("oracle", SPEC), ("ngram", SPEC), ("oracle", SAMPLE)],
+    [("oracle", SPEC), pytest.param("ngram", SPEC, marks=pytest.mark.slow), ("oracle", SAMPLE)],
     ids=["oracle", "ngram", "sample"],
 )
 def test_branches_mode_equals_tree_mode_and_jax(params, oracle, which, spec):

@@ -168,7 +168,12 @@ def _close(a, b):
 
 
 @pytest.mark.parametrize(
-    "which, mode", [("eagle3", "tree"), ("eagle3", "branches"), ("oracle", "branches")]
+    "which, mode",
+    [
+        ("eagle3", "tree"),
+        ("eagle3", "branches"),
+        pytest.param("oracle", "branches", marks=pytest.mark.slow),
+    ],
 )
 def test_teacher_features_reach_the_drafter_like_in_jax(
     params, teacher, greedy, eagle, eagle_params, which, mode

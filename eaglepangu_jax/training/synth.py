@@ -104,6 +104,7 @@ def sample_user_turns(
         budget=1,
         depth=1,
         max_new_tokens=settings.max_tokens,
+        acceptance="sample",  # without it the engine decodes greedily, whatever the temperature
         temperature=settings.temperature,
         top_p=settings.top_p,
         seed=batch_seed,
