@@ -280,3 +280,13 @@ def test_sample_user_turns_real():
     ]
     assert sum(t[-1] == real.config.eos_id for t in turns) >= 4
     assert reasons.count(None) >= 2, reasons
+
+
+def test_corpus_summary_of_a_missing_corpus_is_one_error_line(tmp_path, capsys):
+    from eaglepangu_jax.cli.app import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["corpus", "--summary", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: --out: cannot read the corpus manifest" in err and "Traceback" not in err

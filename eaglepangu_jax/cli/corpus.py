@@ -81,7 +81,11 @@ def run(
 
     out = Path(args.out)
     if args.summary:
-        print(summary(distill.read_manifest(out)))
+        try:
+            manifest = distill.read_manifest(out)
+        except ValueError as err:
+            parser.error(f"--out: {err}")
+        print(summary(manifest))
         return 0
     if args.ray_address is not None:
         try:
