@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from collections import Counter
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -242,8 +241,3 @@ class EvalGuard:
 def _word_grams(text: str, n: int) -> set[tuple[str, ...]]:
     words = normalize(text).split()
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
-
-
-def mix_report(sources: Sequence[str], rejected: Counter) -> dict:
-    """Counts of kept prompts by source and of dropped samples by reason."""
-    return {"kept": dict(Counter(sources)), "dropped": dict(rejected)}
