@@ -41,6 +41,7 @@ __all__ = [
     "KVCache",
     "init",
     "write",
+    "write_rows",
     "commit",
     "commit_acceptance",
     "commit_length",
@@ -87,6 +88,27 @@ def write(
     """
     return jax.lax.dynamic_update_slice(
         cache_kv, new_kv.astype(cache_kv.dtype), (start, jnp.int32(0), jnp.int32(0))
+    )
+
+
+def write_rows(
+    cache: KVCache, k_rows: Float[Array, "L R K Dh"], v_rows: Float[Array, "L R K Dh"]
+) -> KVCache:
+    """Write ``R`` rows per layer at slots ``[length, length + R)``, ``length`` unchanged.
+
+    The engine's commit for a forward that did not write the cache
+    (:func:`eaglepangu_jax.models.llama.forward_detached`): it writes the accepted path's
+    rows, root first, already in their final slots, and :func:`commit_length` then advances
+    ``length``. Nothing moves, unlike :func:`commit`. The write is one in-place
+    ``dynamic_update_slice``; callers keep ``length + R <= S`` (the engine's loop stops
+    before a tree no longer fits), since a clamped start would land on committed slots.
+    """
+    zero = jnp.zeros((), jnp.int32)
+    at = (zero, cache.length.astype(jnp.int32), zero, zero)
+    return dataclasses.replace(
+        cache,
+        k=jax.lax.dynamic_update_slice(cache.k, k_rows.astype(cache.k.dtype), at),
+        v=jax.lax.dynamic_update_slice(cache.v, v_rows.astype(cache.v.dtype), at),
     )
 
 

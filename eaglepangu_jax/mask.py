@@ -51,6 +51,7 @@ __all__ = [
     "WORD_BITS",
     "tree_mask",
     "verify_mask",
+    "prefix_mask",
     "causal_mask",
     "to_bias",
     "to_ascend",
@@ -111,6 +112,23 @@ def verify_mask(
     shifted = _attended_slots(tree) + c  # [N, D + 3] cache slots
     hits = jnp.any(shifted[:, :, None] == slots[None, None, :], axis=1)
     return prefix | hits
+
+
+def prefix_mask(
+    num_rows: int, committed_len: Int[ArrayLike, ""], cache_len: int
+) -> Bool[Array, "T S"]:
+    """``[T, S]``: every row sees the committed slots ``[0, c)`` and nothing else.
+
+    The cache half of a forward whose new tokens attend to each other through a separate
+    ``[T, T]`` mask (:func:`tree_mask`, or a causal chain) and are not in the cache yet.
+    ``c`` is clipped to ``[0, cache_len]``; with ``c = 0`` the rows see no cache slot (their
+    own slot, in the other half, keeps them non-empty).
+    """
+    _check_positive("num_rows", num_rows)
+    _check_positive("cache_len", cache_len)
+    c = jnp.clip(jnp.asarray(committed_len, jnp.int32), 0, cache_len)
+    slots = jnp.arange(cache_len, dtype=jnp.int32)
+    return jnp.broadcast_to((slots < c)[None, :], (num_rows, cache_len))
 
 
 def causal_mask(t: int, committed_len: Int[ArrayLike, ""], cache_len: int) -> Bool[Array, "T S"]:

@@ -145,6 +145,59 @@ def test_tree_verified_at_once_equals_paths_decoded(params):
         np.testing.assert_allclose(logits[j], ref[len(seq) - 1], atol=1e-5, rtol=1e-5)
 
 
+_jit_detached = jax.jit(llama.forward_detached, static_argnames=("config", "feature_layers"))
+
+
+@pytest.mark.parametrize("window", [SLOTS, 16])
+def test_detached_forward_equals_writing_forward(params, window):
+    # A tree over a committed prefix of 3: the detached forward (cache read only, new K/V
+    # returned) must give the writing forward's logits and features, and its rows must be
+    # exactly what the writing forward put at slots [3, 9).
+    prefix, parents = [7, 8, 9], [-1, 0, 0, 1, 3, 2]
+    nodes, depth = [11, 12, 13, 14, 15, 16], [0, 1, 1, 2, 3, 2]
+    _, _, cache = _forward(params, prefix, range(3), _empty_cache(), _causal(3))
+    cache = _with_length(cache, 3)
+    mask = np.zeros((6, SLOTS), bool)
+    mask[:, :3] = True
+    self_mask = np.zeros((6, 6), bool)
+    for j in range(6):
+        a = j
+        while a >= 0:
+            mask[j, 3 + a] = self_mask[j, a] = True
+            a = parents[a]
+    positions = [3 + d for d in depth]
+    logits, features, written = _forward(params, nodes, positions, cache, mask, (0, 1))
+    d_logits, d_features, new_k, new_v = _jit_detached(
+        params,
+        jnp.asarray(nodes, jnp.int32),
+        jnp.asarray(positions, jnp.int32),
+        cache,
+        jnp.asarray(mask[:, :window] & (np.arange(window) < 3)[None, :]),
+        jnp.asarray(self_mask),
+        config=CONFIG,
+        feature_layers=(0, 1),
+    )
+    np.testing.assert_allclose(d_logits, logits, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(d_features, features, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(new_k, written.k[:, 3:9], atol=1e-6)
+    np.testing.assert_allclose(new_v, written.v[:, 3:9], atol=1e-6)
+    # The cache it was given is untouched: nothing past the prefix was written.
+    np.testing.assert_array_equal(cache.k[:, 3:], 0.0)
+
+
+def test_detached_forward_rejects_a_bad_self_mask(stacked):
+    with pytest.raises(ValueError, match="self_mask"):
+        llama.forward_detached(
+            stacked,
+            jnp.zeros((2,), jnp.int32),
+            jnp.arange(2, dtype=jnp.int32),
+            _empty_cache(),
+            jnp.ones((2, SLOTS), bool),
+            jnp.ones((3, 3), bool),
+            config=CONFIG,
+        )
+
+
 def test_narrow_window_equals_full_cache(params):
     tokens = [5, 6, 7, 8, 9]
     cache = _empty_cache()

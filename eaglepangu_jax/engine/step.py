@@ -323,12 +323,11 @@ def commit_round(
     tree: tree_lib.Tree | None = None,
     drafted: Bool[Array, ""] | bool = False,
 ) -> DecodeState:
-    """Commit the accepted path in the teacher's cache, then :func:`advance_state`."""
-    if static.drafter is None:
-        cache = cache_lib.commit_length(cache, acc.length)  # the root alone: nothing moves
-    else:
-        cache = cache_lib.commit(cache, acc.path, acc.length)
-    state = dataclasses.replace(state, cache=cache)
+    """Commit the accepted path in the teacher's cache, then :func:`advance_state`.
+
+    ``cache`` already holds the path's K/V in place (:func:`verify_and_accept` wrote them at
+    ``[length, length + D + 1)``): committing only advances ``length``."""
+    state = dataclasses.replace(state, cache=cache_lib.commit_length(cache, acc.length))
     return advance_state(
         static, draft_params, state, acc, path_features, n_nodes, key, tree, drafted
     )

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eaglepangu_jax import budget as budget_lib
-from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.config import SpecConfig
@@ -49,6 +49,7 @@ from eaglepangu_jax.engine.step import (
     tree_if,
     truncate_tree,
 )
+from eaglepangu_jax.engine.verification import committed_rows, path_rows, verify_inputs
 from eaglepangu_jax.files import write_text_atomic
 from eaglepangu_jax.models import llama
 
@@ -101,19 +102,20 @@ def _tree(static: StepStatic, proposal, state, verify_latency, t_draft, drafting
     return tree_if(static, proposal, state, verify_latency, t_draft, drafting, explore)
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _mask(tree: tree_lib.Tree, committed: jax.Array, window: int):
-    return tree_lib.positions(tree, committed), mask_lib.verify_mask(tree, committed, window)
+@functools.partial(jax.jit, static_argnums=0)
+def _mask(static: StepStatic, cache, tree: tree_lib.Tree):
+    return verify_inputs(static, cache, tree)
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=4)
-def _verify(static: StepStatic, params: dict, tokens, positions, cache, attend):
-    return llama.forward(
+@functools.partial(jax.jit, static_argnums=0)
+def _verify(static: StepStatic, params: dict, cache, tokens, positions, prefix, within):
+    return llama.forward_detached(
         params,
         tokens,
         positions,
         cache,
-        attend,
+        prefix,
+        within,
         config=static.teacher,
         feature_layers=static.feature_layers,
     )
@@ -125,14 +127,16 @@ def _accept(static: StepStatic, tree: tree_lib.Tree, logits, accept_key, proposa
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _commit(static, draft_params, state, features, acc, n_nodes, key, tree, drafted):
+def _commit(static, draft_params, state, features, new_k, new_v, acc, n_nodes, key, tree, drafted):
+    rows = path_rows(acc, new_k, new_v, committed_rows(tree))
+    cache = cache_lib.write_rows(state.cache, *rows)
     return commit_round(
         static,
         draft_params,
         state,
         acc,
         features[acc.path],
-        state.cache,
+        cache,
         n_nodes,
         key,
         tree,
@@ -266,19 +270,20 @@ def _traced_round(
     last_valid = int(np.max(np.nonzero(valid)[0]))
     sizes = slot_buckets(tree.num_slots) if static.bucketed else (tree.num_slots,)
     tree = truncate_tree(tree, next(size for size in sizes if size > last_valid))
-    positions, attend = clock.run("mask", _mask, tree, committed, static.window)
-    logits, features, cache = clock.run(
-        "verify", _verify, static, params, tree.tokens, positions, state.cache, attend
+    positions, prefix, within = clock.run("mask", _mask, static, state.cache, tree)
+    logits, features, new_k, new_v = clock.run(
+        "verify", _verify, static, params, state.cache, tree.tokens, positions, prefix, within
     )
     acc = clock.run("accept", _accept, static, tree, logits, accept_key, proposal, state)
-    # The old cache was donated to the verify forward: hand the commit the new one.
     state = clock.run(
         "commit",
         _commit,
         static,
         draft_params,
-        dataclasses.replace(state, cache=cache),
+        state,
         features,
+        new_k,
+        new_v,
         acc,
         n_nodes,
         key,

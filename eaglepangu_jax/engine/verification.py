@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float, Int
 
+from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax import verify
@@ -20,7 +21,16 @@ from eaglepangu_jax.models import llama
 if TYPE_CHECKING:  # the step's statics; step imports this module
     from eaglepangu_jax.engine.step import StepStatic
 
-__all__ = ["accept", "slot_buckets", "truncate_tree", "verify_and_accept"]
+__all__ = [
+    "accept",
+    "committed_rows",
+    "path_rows",
+    "slot_buckets",
+    "truncate_tree",
+    "verify_and_accept",
+    "verify_forward",
+    "verify_inputs",
+]
 
 
 def accept(
@@ -65,6 +75,59 @@ def truncate_tree(tree: tree_lib.Tree, num_slots: int) -> tree_lib.Tree:
     return jax.tree_util.tree_map(lambda x: x[:num_slots], tree)
 
 
+def verify_inputs(
+    static: StepStatic, cache: KVCache, tree: tree_lib.Tree
+) -> tuple[Int[Array, " N"], Bool[Array, "N W"], Bool[Array, "N N"]]:
+    """Rotary positions, cache mask (the committed prefix) and in-tree mask of the verify
+    forward over ``tree``."""
+    committed = cache.length
+    return (
+        tree_lib.positions(tree, committed),
+        mask_lib.prefix_mask(tree.num_slots, committed, static.window),
+        mask_lib.tree_mask(tree),
+    )
+
+
+def verify_forward(
+    static: StepStatic, params: dict, cache: KVCache, tree: tree_lib.Tree
+) -> tuple[
+    Float[Array, "N V"], Float[Array, "N F H"], Float[Array, "L N K Dh"], Float[Array, "L N K Dh"]
+]:
+    """The teacher's forward over every slot of ``tree`` against the committed cache, which
+    it reads but does not write: ``(logits, features, new K, new V)``, the new rows in tree
+    slot order (see :func:`eaglepangu_jax.models.llama.forward_detached`)."""
+    positions, prefix, within = verify_inputs(static, cache, tree)
+    return llama.forward_detached(
+        params,
+        tree.tokens,
+        positions,
+        cache,
+        prefix,
+        within,
+        config=static.teacher,
+        feature_layers=static.feature_layers,
+    )
+
+
+def path_rows(
+    acc: verify.Acceptance,
+    new_k: Float[Array, "L N K Dh"],
+    new_v: Float[Array, "L N K Dh"],
+    num_rows: int,
+) -> tuple[Float[Array, "L R K Dh"], Float[Array, "L R K Dh"]]:
+    """The new K/V rows along the accepted path, root first, ``R = num_rows`` of them, ready
+    for :func:`eaglepangu_jax.cache.write_rows`. ``num_rows = min(D + 1, N)`` for an
+    ``N``-slot tree: a path never accepts more nodes than the tree has, and every bucket of
+    the tree writes the same number of rows."""
+    path = acc.path[:num_rows]
+    return new_k[:, path], new_v[:, path]
+
+
+def committed_rows(tree: tree_lib.Tree) -> int:
+    """How many K/V rows a round over ``tree`` writes: ``min(D + 1, N)``."""
+    return min(tree.max_depth + 1, tree.num_slots)
+
+
 def verify_and_accept(
     static: StepStatic,
     params: dict,
@@ -75,31 +138,31 @@ def verify_and_accept(
 ) -> tuple[verify.Acceptance, Float[Array, "D+1 F H"], KVCache]:
     """Teacher forward over the tree (at the smallest bucket holding its valid nodes) and
     acceptance. Returns the acceptance, the teacher features along the accepted path, and the
-    cache with the tree's K/V written (not yet committed)."""
-    committed = state.cache.length
+    cache with the accepted path's K/V written at ``[length, length + R)`` (``length`` not
+    yet advanced: :func:`eaglepangu_jax.cache.commit_length` commits them).
+
+    Each bucket's branch only reads the cache and returns the accepted rows; the one write
+    happens after the switch. A branch that wrote the loop-carried cache made XLA copy the
+    whole cache in and out of the switch every round (two copies per branch in the HLO),
+    which cost a plain one-token round about 8% over a greedy step.
+    """
     index = jnp.arange(tree.num_slots, dtype=jnp.int32)
+    rows = committed_rows(tree)
     last_valid = jnp.max(jnp.where(tree.valid, index, 0))
 
     def branch(size):
         def run(_):
             small = truncate_tree(tree, size)
-            attend = mask_lib.verify_mask(small, committed, static.window)
-            logits, features, cache = llama.forward(
-                params,
-                small.tokens,
-                tree_lib.positions(small, committed),
-                state.cache,
-                attend,
-                config=static.teacher,
-                feature_layers=static.feature_layers,
-            )
+            logits, features, new_k, new_v = verify_forward(static, params, state.cache, small)
             acc = accept(static, small, logits, key, proposal, state)
-            return acc, features[acc.path], cache
+            return acc, features[acc.path], path_rows(acc, new_k, new_v, rows)
 
         return run
 
     sizes = slot_buckets(tree.num_slots) if static.bucketed else (tree.num_slots,)
     if len(sizes) == 1:
-        return branch(sizes[0])(None)
-    which = jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) <= last_valid)
-    return jax.lax.switch(which, [branch(size) for size in sizes], None)
+        acc, path_features, kv = branch(sizes[0])(None)
+    else:
+        which = jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) <= last_valid)
+        acc, path_features, kv = jax.lax.switch(which, [branch(size) for size in sizes], None)
+    return acc, path_features, cache_lib.write_rows(state.cache, *kv)

@@ -43,6 +43,7 @@ from eaglepangu_jax.models.rope import apply_rope, rope_angles
 __all__ = [
     "LAYER_KEYS",
     "forward",
+    "forward_detached",
     "prepare_params",
     "is_prepared",
     "layer_params",
@@ -113,8 +114,14 @@ def _layers_unrolled(params, x, cache, cos, sin, mask, config, feature_layers):
     k_all, v_all = cache.k, cache.v
     taps = {}
     for i in range(config.num_layers):
-        x, k_all, v_all = _decoder_layer(
-            x, params["layers"][i], jnp.int32(i), k_all, v_all, cache.length, cos, sin, mask, config
+        layer = params["layers"][i]
+        x, (k_all, v_all) = _decoder_layer(
+            x,
+            layer,
+            lambda h, layer=layer, i=i, k=k_all, v=v_all: _attention(
+                h, layer, jnp.int32(i), k, v, cache.length, cos, sin, mask, config
+            ),
+            config,
         )
         if i in feature_layers:
             taps[i] = x
@@ -130,8 +137,11 @@ def _layers_scanned(params, x, cache, cos, sin, mask, config, feature_layers):
     def body(carry, xs):
         x, k_all, v_all = carry
         layer, i = xs
-        x, k_all, v_all = _decoder_layer(
-            x, layer, i, k_all, v_all, cache.length, cos, sin, mask, config
+        x, (k_all, v_all) = _decoder_layer(
+            x,
+            layer,
+            lambda h: _attention(h, layer, i, k_all, v_all, cache.length, cos, sin, mask, config),
+            config,
         )
         return (x, k_all, v_all), (x if feature_layers else None)
 
@@ -139,6 +149,90 @@ def _layers_scanned(params, x, cache, cos, sin, mask, config, feature_layers):
     (x, k_all, v_all), outs = jax.lax.scan(body, (x, cache.k, cache.v), (stacked, layer_ids))
     taps = {i: outs[i] for i in feature_layers}
     return x, k_all, v_all, taps
+
+
+def forward_detached(
+    params: dict,
+    tokens: Int[Array, " T"],
+    positions: Int[Array, " T"],
+    cache: KVCache,
+    prefix_mask: Bool[Array, "T W"],
+    self_mask: Bool[Array, "T T"],
+    *,
+    config: LlamaConfig,
+    feature_layers: tuple[int, ...] = (),
+) -> tuple[
+    Float[Array, "T V"], Float[Array, "T F H"], Float[Array, "L T K Dh"], Float[Array, "L T K Dh"]
+]:
+    """:func:`forward` that reads the cache but does not write it: the new tokens' K/V are
+    returned instead (``[L, T, K, Dh]`` each), for the caller to write what it keeps.
+
+    Token ``t`` attends to cache slot ``s < W`` iff ``prefix_mask[t, s]`` and to new token
+    ``u`` iff ``self_mask[t, u]`` (a causal chain, or a tree node's ancestors and itself).
+    With ``prefix_mask`` = the committed slots and the new tokens at slots ``[length,
+    length + T)``, the logits and features equal :func:`forward`'s.
+
+    Why it exists: the speculative step verifies at one of several slot buckets (a
+    ``lax.switch``), and a branch that writes the loop-carried cache makes XLA copy the whole
+    cache in and out of the branch on every round. A branch that only reads the cache and
+    returns the accepted rows leaves one small in-place write after the switch.
+    """
+    t = tokens.shape[0]
+    if self_mask.shape != (t, t) or self_mask.dtype != jnp.bool_:
+        raise ValueError(f"self_mask must be boolean [T, T] = [{t}, {t}]; got {self_mask.shape}")
+    _check_shapes(params, tokens, positions, cache, prefix_mask, config, feature_layers)
+    cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
+    x = params["embed"][tokens]
+    window = prefix_mask.shape[1]
+    mask = jnp.concatenate([prefix_mask, self_mask], axis=1)
+
+    def attention(h, layer, cache_k, cache_v):
+        q, k, v = _project_qkv(h, layer, cos, sin, config)
+        # Scores against the cache window and against the new tokens are computed apart and
+        # joined only for the softmax: concatenating the K/V instead copies the window.
+        out = _attend_two(
+            q,
+            (cache_k[:window].astype(q.dtype), k),
+            (cache_v[:window].astype(q.dtype), v),
+            mask,
+            layer,
+            config,
+        )
+        return out, (k, v)
+
+    if is_prepared(params):
+        taps, rows_k, rows_v = {}, [], []
+        for i in range(config.num_layers):
+            layer = params["layers"][i]
+            x, (k, v) = _decoder_layer(
+                x,
+                layer,
+                lambda h, layer=layer, i=i: attention(h, layer, cache.k[i], cache.v[i]),
+                config,
+            )
+            rows_k.append(k)
+            rows_v.append(v)
+            if i in feature_layers:
+                taps[i] = x
+        new_k, new_v = jnp.stack(rows_k), jnp.stack(rows_v)
+    else:
+        stacked = {name: params["layers"][name] for name in LAYER_KEYS}
+
+        def body(x, xs):
+            layer, cache_k, cache_v = xs
+            x, (k, v) = _decoder_layer(
+                x, layer, lambda h: attention(h, layer, cache_k, cache_v), config
+            )
+            return x, (x if feature_layers else None, k, v)
+
+        x, (outs, new_k, new_v) = jax.lax.scan(body, x, (stacked, cache.k, cache.v))
+        taps = {i: outs[i] for i in feature_layers}
+    if feature_layers:
+        features = jnp.stack([taps[i] for i in feature_layers], axis=1)
+    else:
+        features = jnp.zeros((t, 0, config.hidden_size), x.dtype)
+    logits = _lm_head(rms_norm(x, params["final_norm"], config.rms_norm_eps), params)
+    return logits, features, new_k.astype(cache.k.dtype), new_v.astype(cache.v.dtype)
 
 
 def prepare_params(params: dict) -> dict:
@@ -199,38 +293,68 @@ def rms_norm(
     return weight.reshape((1,) * (x.ndim - 1) + (-1,)) * normed.astype(x.dtype)
 
 
-def _decoder_layer(x, layer, i, k_all, v_all, start, cos, sin, mask, config):
-    """One pre-norm block: attention then SwiGLU MLP, both residual."""
+def _decoder_layer(x, layer, attention, config):
+    """One pre-norm block: attention then SwiGLU MLP, both residual. ``attention(h)`` returns
+    the attention output and whatever K/V it passes back (an updated cache, or new rows)."""
     h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
-    attn, k_all, v_all = _attention(h, layer, i, k_all, v_all, start, cos, sin, mask, config)
+    attn, kv = attention(h)
     x = x + attn
     h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
     gated = jax.nn.silu(h @ layer["w_gate"]) * (h @ layer["w_up"])
-    return x + gated @ layer["w_down"], k_all, v_all
+    return x + gated @ layer["w_down"], kv
 
 
 def _attention(h, layer, i, k_all, v_all, start, cos, sin, mask, config):
     """GQA attention of the new tokens over slots ``[0, W)`` after writing their K/V."""
-    t = h.shape[0]
-    n_kv, dh = config.num_kv_heads, config.head_dim
-    group = config.num_heads // n_kv
-    window = mask.shape[1]
-    q = apply_rope((h @ layer["wq"]).reshape(t, config.num_heads, dh), cos, sin)
-    k = apply_rope((h @ layer["wk"]).reshape(t, n_kv, dh), cos, sin)
-    v = (h @ layer["wv"]).reshape(t, n_kv, dh)
+    q, k, v = _project_qkv(h, layer, cos, sin, config)
     zero = jnp.zeros((), jnp.int32)
     at = (i, start.astype(jnp.int32), zero, zero)
     k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), at)
     v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
-    size = (1, window, n_kv, dh)
+    size = (1, mask.shape[1], config.num_kv_heads, config.head_dim)
     keys = jax.lax.dynamic_slice(k_all, (i, zero, zero, zero), size)[0].astype(q.dtype)
     values = jax.lax.dynamic_slice(v_all, (i, zero, zero, zero), size)[0].astype(q.dtype)
+    return _attend(q, keys, values, mask, layer, config), (k_all, v_all)
+
+
+def _project_qkv(h, layer, cos, sin, config):
+    """Rotary queries ``[T, Nq, Dh]`` and keys, and values ``[T, K, Dh]``, of new tokens."""
+    t, dh = h.shape[0], config.head_dim
+    q = apply_rope((h @ layer["wq"]).reshape(t, config.num_heads, dh), cos, sin)
+    k = apply_rope((h @ layer["wk"]).reshape(t, config.num_kv_heads, dh), cos, sin)
+    v = (h @ layer["wv"]).reshape(t, config.num_kv_heads, dh)
+    return q, k, v
+
+
+def _attend(q, keys, values, mask, layer, config):
+    """Masked GQA attention of ``q [T, Nq, Dh]`` over ``keys/values [W, K, Dh]``, projected
+    by ``wo``."""
+    t, n_kv, dh = q.shape[0], config.num_kv_heads, config.head_dim
+    group = config.num_heads // n_kv
     # Query head j reads kv head j // group (each kv head serves a consecutive group).
     qg = q.reshape(t, n_kv, group, dh)
     scores = jnp.einsum("tkgd,wkd->kgtw", qg, keys, preferred_element_type=jnp.float32)
     probs = _masked_softmax(scores * jnp.float32(dh**-0.5), mask)
     out = jnp.einsum("kgtw,wkd->tkgd", probs.astype(q.dtype), values)
-    return out.reshape(t, config.q_width) @ layer["wo"], k_all, v_all
+    return out.reshape(t, config.q_width) @ layer["wo"]
+
+
+def _attend_two(q, keys, values, mask, layer, config):
+    """:func:`_attend` over the keys of two blocks (the cache window, then the new tokens)
+    without concatenating them; ``mask`` covers both blocks' columns."""
+    t, n_kv, dh = q.shape[0], config.num_kv_heads, config.head_dim
+    group = config.num_heads // n_kv
+    qg = q.reshape(t, n_kv, group, dh)
+    scores = jnp.concatenate(
+        [jnp.einsum("tkgd,wkd->kgtw", qg, key, preferred_element_type=jnp.float32) for key in keys],
+        axis=-1,
+    )
+    probs = _masked_softmax(scores * jnp.float32(dh**-0.5), mask).astype(q.dtype)
+    split = keys[0].shape[0]
+    out = jnp.einsum("kgtw,wkd->tkgd", probs[..., :split], values[0]) + jnp.einsum(
+        "kgtw,wkd->tkgd", probs[..., split:], values[1]
+    )
+    return out.reshape(t, config.q_width) @ layer["wo"]
 
 
 def _masked_softmax(
