@@ -68,6 +68,9 @@ class ControlConfig:
       ema_weight: in ``(0, 1]``, weight of the newest round in both EMAs.
       min_backoff: ``>= 1``, rounds without drafting before a probe, after a success.
       max_backoff: ``>= min_backoff``, cap of the doubling backoff.
+      backlog_rows: ``>= 1``, teacher-feature rows kept for a stateful drafter between the
+        rounds it drafts in; it catches up on them when it next drafts, or when one more
+        round might not fit (so at most every ``backlog_rows - D`` plain tokens).
     """
 
     num_bins: int = 10
@@ -78,6 +81,7 @@ class ControlConfig:
     ema_weight: float = 0.1
     min_backoff: int = 4
     max_backoff: int = 64
+    backlog_rows: int = 32
 
     def __post_init__(self):
         rules = {
@@ -88,6 +92,7 @@ class ControlConfig:
             "initial_nodes": (lambda v: 0 <= v < float("inf"), "finite and >= 0"),
             "ema_weight": (lambda v: 0 < v <= 1, "in (0, 1]"),
             "min_backoff": (lambda v: isinstance(v, int) and v >= 1, "an int >= 1"),
+            "backlog_rows": (lambda v: isinstance(v, int) and v >= 1, "an int >= 1"),
             "max_backoff": (
                 lambda v: isinstance(v, int) and v >= self.min_backoff,
                 "an int >= min_backoff",

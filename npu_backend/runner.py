@@ -73,6 +73,7 @@ class RoundPlan:
     Dimensions: ``N`` tree slots, ``W`` key columns, ``B`` chains of ``T = D + 1`` entries.
     """
 
+    state: DecodeState  # the state the round continues from (a drafter caught up)
     tree: tree_lib.Tree
     num_nodes: jax.Array  # [] draft nodes in the tree
     proposal: Proposal
@@ -111,7 +112,7 @@ def _plan(
 ) -> RoundPlan:
     """Draft, tree and the verify inputs: the tree mask, or the chains and their mask."""
     key, draft_key, accept_key = jax.random.split(state.key, 3)  # as speculative_step
-    tree, n_nodes, proposal, drafted = plan_round(
+    tree, n_nodes, proposal, drafted, state = plan_round(
         static, draft_params, state, draft_key, verify_latency, draft_seconds
     )
     if branches:
@@ -132,6 +133,7 @@ def _plan(
             used=jnp.max(jnp.where(tree.valid, slot, 0)) + 1,
         )
     return RoundPlan(
+        state=state,
         tree=tree,
         num_nodes=n_nodes,
         proposal=proposal,
@@ -328,7 +330,7 @@ class TorchTeacherRunner:
         state, length, path, winner = engine_mode.checked(_finish)(
             self.static,
             self.draft_params,
-            state,
+            plan.state,
             plan,
             bridge.to_jax(logits),
             bridge.to_jax(features) if self.static.feature_layers else None,

@@ -241,9 +241,11 @@ class DraftTargetDrafter:
         return DraftTargetState(cache=cache, logits=logits)
 
     def update(self, params: Any, state: DraftTargetState, context: DraftContext) -> Any:
-        """Roll back to the tokens committed before the round, feed the ``num_features``
-        emitted ones (the last is the new root) in one ``depth + 1``-slot forward."""
-        width, slots = self.depth + 1, state.cache.num_slots
+        """Roll back to the tokens the draft saw last, feed the ``num_features`` emitted
+        since (the last is the new root) in one forward as wide as ``context.features``
+        (``D + 1`` rows after one round; a longer backlog when the controller skipped
+        drafting rounds and the drafter catches up)."""
+        width, slots = max(context.features.shape[0], 1), state.cache.num_slots
         emitted = jnp.clip(context.num_features, 0, width).astype(jnp.int32)
         committed = jnp.clip(context.num_tokens - emitted, 0, slots - width).astype(jnp.int32)
         cache = cache_lib.truncate(state.cache, committed)  # rollback: drafted slots drop out

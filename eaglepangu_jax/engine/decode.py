@@ -30,7 +30,7 @@ from eaglepangu_jax.engine.result import (
     result_from_state,
 )
 from eaglepangu_jax.engine.state import DecodeState
-from eaglepangu_jax.engine.step import StepStatic, run_rounds, run_rounds_batched
+from eaglepangu_jax.engine.step import StepStatic, feature_rows, run_rounds, run_rounds_batched
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 
@@ -266,12 +266,15 @@ def state_after_prefill(
     Args:
       prompt: the prompt ids.
       cache: the teacher's cache after the prefill (any backend's; kept as given).
-      features: ``[D + 1, F, H]`` zeros, the loop's feature buffer.
+      features: ``[D + 1, F, H]`` zeros: the feature buffer's row shape and dtype (it is
+        sized by :func:`eaglepangu_jax.engine.step.feature_rows`).
       prefill_features: ``[P - 1, F, H]`` teacher features of the prefilled tokens.
     """
-    take = min(prefill_features.shape[0], spec.depth + 1)
-    if take:
-        features = features.at[:take].set(prefill_features[-take:])
+    controlled = drafter is not None and spec.policy == "auto"
+    control = draft_control.ControlConfig()
+    # The drafter consumes every prompt feature in init_state below: nothing is pending.
+    rows = feature_rows(spec, controlled, control)
+    features = jnp.zeros((rows, *features.shape[1:]), features.dtype)
     buffer = np.zeros((capacity + spec.depth + 2,), np.int32)
     buffer[: len(prompt)] = prompt
     # One log entry per round; sized by the (bucketed) capacity, not max_new_tokens, so that
@@ -283,7 +286,7 @@ def state_after_prefill(
         prompt_len=jnp.int32(len(prompt)),
         cache=cache,
         features=features,
-        num_features=jnp.int32(take),
+        num_features=jnp.int32(0),
         drafter_state=None,
         key=key,
         rounds=jnp.int32(0),
@@ -294,11 +297,7 @@ def state_after_prefill(
         top_p=jnp.float32(spec.top_p),
         eos_id=jnp.int32(eos_id),
         max_new_tokens=jnp.int32(spec.max_new_tokens),
-        control=(
-            draft_control.AcceptanceStats.create(draft_control.ControlConfig())
-            if drafter is not None and spec.policy == "auto"
-            else None
-        ),
+        control=(draft_control.AcceptanceStats.create(control) if controlled else None),
     )
     if drafter is not None:
         # The drafter's own cache is built from the features of the *whole* prompt (EAGLE

@@ -52,6 +52,8 @@ __all__ = [
     "plan_round",
     "decide",
     "draft_if",
+    "catch_up",
+    "feature_rows",
     "tree_if",
     "accept",
     "slot_buckets",
@@ -229,23 +231,25 @@ def plan_round(
     key: Array,
     verify_latency: Float[Array, " N"] | None,
     draft_seconds: Float[Array, ""] | float = 0.0,
-) -> tuple[tree_lib.Tree, Int[Array, ""], Proposal, Bool[Array, ""]]:
-    """This round's tree, its node count, the proposal, and whether the drafter ran.
+) -> tuple[tree_lib.Tree, Int[Array, ""], Proposal, Bool[Array, ""], DecodeState]:
+    """This round's tree, its node count, the proposal, whether the drafter ran, and the
+    state the round continues from.
 
-    Without the controller: :func:`propose_tree`. With it (policy ``"auto"`` and a drafter):
-    draft only if :func:`eaglepangu_jax.draft_control.speculation_pays` on the online
-    statistics, or an exploration probe is due; otherwise the tree is the root alone (a plain
-    one-token step: the verify forward runs at its one-slot bucket) and the drafter does not
-    run. A stateful drafter catches up in :func:`advance_state` from the features every
-    verify forward produces.
+    Without the controller: :func:`propose_tree` (the state is unchanged). With it (policy
+    ``"auto"`` and a drafter): draft only if
+    :func:`eaglepangu_jax.draft_control.speculation_pays` on the online statistics, or an
+    exploration probe is due; otherwise the tree is the root alone (a plain one-token step:
+    the verify forward runs at its one-slot bucket) and the drafter does not run at all. A
+    drafting round first lets a stateful drafter catch up on the teacher features of the
+    rounds it skipped (:func:`catch_up`); the returned state holds the caught-up drafter.
     """
     if not static.controlled:
         tree, n, proposal = propose_tree(static, draft_params, state, key, verify_latency)
-        return tree, n, proposal, jnp.asarray(static.drafter is not None)
+        return tree, n, proposal, jnp.asarray(static.drafter is not None), state
     drafting, explore = decide(static, state, verify_latency, draft_seconds)
-    proposal = draft_if(static, draft_params, state, key, drafting)
+    proposal, state = draft_if(static, draft_params, state, key, drafting)
     tree, n = tree_if(static, proposal, state, verify_latency, draft_seconds, drafting, explore)
-    return tree, n, proposal, drafting
+    return tree, n, proposal, drafting, state
 
 
 def decide(
@@ -274,15 +278,64 @@ def decide(
 
 def draft_if(
     static: StepStatic, draft_params: Any, state: DecodeState, key: Array, drafting: Bool[Array, ""]
-) -> Proposal:
-    """:func:`draft` when ``drafting``, else an all-zero proposal of the same shapes (the
-    drafter does not run: ``lax.cond``)."""
-    shapes = jax.eval_shape(lambda: draft(static, draft_params, state, key))
+) -> tuple[Proposal, DecodeState]:
+    """When ``drafting``: :func:`catch_up`, then :func:`draft` from the caught-up state. Else
+    an all-zero proposal of the same shapes and the state unchanged (the drafter does not
+    run: ``lax.cond``)."""
+
+    def run(_):
+        caught_up = catch_up(static, draft_params, state)
+        return draft(static, draft_params, caught_up, key), caught_up
+
+    shapes = jax.eval_shape(run, None)[0]
     return jax.lax.cond(
         drafting,
-        lambda _: draft(static, draft_params, state, key),
-        lambda _: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes),
+        run,
+        lambda _: (jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes), state),
         None,
+    )
+
+
+def feature_rows(spec: SpecConfig, controlled: bool, control: draft_control.ControlConfig) -> int:
+    """Rows of the state's feature buffer: the last round's path (``D + 1``), or under the
+    controller the backlog a stateful drafter catches up on (at least ``D + 1``)."""
+    rows = spec.depth + 1
+    return max(rows, control.backlog_rows) if controlled else rows
+
+
+def catch_up(static: StepStatic, draft_params: Any, state: DecodeState) -> DecodeState:
+    """Feed the drafter the teacher features it has not consumed (``state.features[:
+    state.num_features]``, the backlog) and empty the backlog.
+
+    Under the controller a stateful drafter (EAGLE-3, block, draft-target) is not updated in
+    rounds that do not draft, so a plain round costs what a greedy step costs; it catches up
+    here, in one batched update, when it next drafts (or in :func:`advance_state` when the
+    backlog is full). The update is the drafter's own ``update``: a backlog of up to
+    ``D + 1`` rows runs at the usual ``D + 1``-row shape, a longer one at the buffer's.
+    """
+    rows, buffer = static.spec.depth + 1, state.features.shape[0]
+    window = static.spec.draft_window
+
+    def update(features, count):
+        context = dataclasses.replace(state.context(window), features=features, num_features=count)
+        return static.drafter.update(draft_params, state.drafter_state, context)
+
+    def short(_):
+        start = jnp.clip(state.num_features - rows, 0, buffer - rows)
+        features = jax.lax.dynamic_slice_in_dim(state.features, start, rows)
+        return update(features, state.num_features - start)
+
+    if buffer == rows:
+        drafter_state = short(None)
+    else:
+        drafter_state = jax.lax.cond(
+            state.num_features <= rows,
+            short,
+            lambda _: update(state.features, state.num_features),
+            None,
+        )
+    return dataclasses.replace(
+        state, drafter_state=drafter_state, num_features=jnp.zeros((), jnp.int32)
     )
 
 
@@ -354,27 +407,19 @@ def advance_state(
     index = jnp.arange(acc.tokens.shape[0], dtype=jnp.int32)
     budget_left = state.max_new_tokens - state.new_tokens
     hit_eos = jnp.any((acc.tokens == state.eos_id) & (index < emitted))
-    keep_features = path_features is None or static.drafter is None
     new_state = dataclasses.replace(
         state,
         tokens=tokens,
         num_tokens=state.num_tokens + emitted,
-        # Plain decoding has no drafter to feed (and a 1-deep path of another shape).
-        features=state.features if keep_features else path_features,
-        num_features=emitted,
         key=key,
         rounds=state.rounds + 1,
         done=hit_eos | (emitted >= budget_left),
         accepted_log=state.accepted_log.at[state.rounds].set(acc.length, mode="drop"),
         nodes_log=state.nodes_log.at[state.rounds].set(n_nodes, mode="drop"),
     )
-    if static.drafter is not None:
-        new_state = dataclasses.replace(
-            new_state,
-            drafter_state=static.drafter.update(
-                draft_params, state.drafter_state, new_state.context(static.spec.draft_window)
-            ),
-        )
+    # Plain decoding has no drafter to feed (and a 1-deep path of another shape).
+    if static.drafter is not None and path_features is not None:
+        new_state = _feed_drafter(static, draft_params, new_state, path_features, emitted)
     if static.controlled and tree is not None:
         new_state = dataclasses.replace(
             new_state,
@@ -383,6 +428,31 @@ def advance_state(
             ),
         )
     return new_state
+
+
+def _feed_drafter(
+    static: StepStatic,
+    draft_params: Any,
+    state: DecodeState,
+    path_features: Float[Array, "D+1 F H"],
+    emitted: Int[Array, ""],
+) -> DecodeState:
+    """Hand the accepted positions' teacher features to the drafter: at once (its ``update``)
+    without the controller; under it, appended to the backlog, which :func:`catch_up` feeds
+    when the drafter next drafts, or here when one more round might not fit the buffer."""
+    if not static.controlled:
+        state = dataclasses.replace(state, features=path_features, num_features=emitted)
+        return catch_up(static, draft_params, state)
+    rows, buffer = path_features.shape[0], state.features.shape[0]
+    pending = jnp.clip(state.num_features, 0, buffer - rows)
+    features = jax.lax.dynamic_update_slice_in_dim(state.features, path_features, pending, axis=0)
+    state = dataclasses.replace(state, features=features, num_features=pending + emitted)
+    return jax.lax.cond(
+        state.num_features + rows > buffer,
+        lambda s: catch_up(static, draft_params, s),
+        lambda s: s,
+        state,
+    )
 
 
 def speculative_step(
@@ -395,7 +465,7 @@ def speculative_step(
 ) -> tuple[DecodeState, RoundInfo]:
     """One round. The caller skips finished sequences (the loops below do)."""
     key, draft_key, accept_key = jax.random.split(state.key, 3)
-    tree, n_nodes, proposal, drafted = plan_round(
+    tree, n_nodes, proposal, drafted, state = plan_round(
         static, draft_params, state, draft_key, verify_latency, draft_seconds
     )
     acc, path_features, cache = verify_and_accept(static, params, state, tree, proposal, accept_key)

@@ -91,8 +91,8 @@ def _draft(static: StepStatic, draft_params: Any, state: DecodeState, verify_lat
         proposal = draft(static, draft_params, state, draft_key)
     else:
         drafting, explore = decide(static, state, verify_latency, t_draft)
-        proposal = draft_if(static, draft_params, state, draft_key, drafting)
-    return proposal, drafting, explore, key, accept_key
+        proposal, state = draft_if(static, draft_params, state, draft_key, drafting)
+    return proposal, drafting, explore, key, accept_key, state
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -258,7 +258,7 @@ def _traced_round(
     committed = state.cache.length
     committed_len = int(committed)
     t_draft = jnp.float32(draft_seconds)
-    proposal, drafted, explore, key, accept_key = clock.run(
+    proposal, drafted, explore, key, accept_key, state = clock.run(
         "draft", _draft, static, draft_params, state, verify_latency, t_draft
     )
     full_tree, n_nodes = clock.run(
