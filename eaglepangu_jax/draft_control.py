@@ -13,10 +13,11 @@ round (:func:`update`, pure and jittable):
   the prediction: ``p_hat = (hits[b] + s p) / (trials[b] + s)``, ``s = prior_strength``.
 * **Pre-draft decision.** EMAs of accepted tokens and of verified nodes per speculative round
   feed :func:`speculation_pays`; :func:`should_draft` adds an exploration probe after
-  ``backoff`` rounds without drafting. A probe that accepts nothing doubles ``backoff`` (up to
-  ``max_backoff``); any speculative round accepting a token resets it to ``min_backoff``. So a
-  never-matching drafter speculates in about ``1 / max_backoff`` of the rounds, while a drafter
-  that starts matching (repetitive text) is retried within ``max_backoff + 1`` rounds.
+  ``backoff`` rounds without drafting. A probe that does not pay (fewer accepted tokens than a
+  plain step would have emitted in its time) doubles ``backoff`` (up to ``max_backoff``); any
+  speculative round that pays resets it to ``min_backoff``. So a drafter that never pays
+  speculates in about ``1 / max_backoff`` of the rounds, while one that starts paying
+  (repetitive text) is retried within ``max_backoff + 1`` rounds.
 * **Budget.** :func:`choose_nodes` runs BASTION's stop rule (:func:`budget.choose_budget`) on
   the calibrated scores and prunes the tree to the best calibrated nodes.
 
@@ -225,6 +226,7 @@ def update(
     acceptance_length: Int[ArrayLike, ""],
     accepted_path: Int[ArrayLike, " D+1"],
     speculated: Bool[ArrayLike, ""],
+    paid: Bool[ArrayLike, ""] | None = None,
 ) -> AcceptanceStats:
     """Fold one round into the statistics (jittable; ``speculated`` may be traced).
 
@@ -233,8 +235,13 @@ def update(
     and ``length`` (accepted nodes: ``path[1 : length + 1]``): counts decay, then every valid
     non-root node adds a trial to its bin and each accepted one a hit; the EMAs move toward
     this round's accepted length and node count (a non-finite EMA restarts at the observation);
-    ``rounds_since_draft`` becomes 0. A probe (speculation while ``rounds_since_draft >=
-    backoff``) that accepts nothing doubles ``backoff``; accepting >= 1 token resets it.
+    ``rounds_since_draft`` becomes 0. A speculative round that *paid* resets ``backoff`` to
+    ``min_backoff``; a probe (speculation while ``rounds_since_draft >= backoff``) that did
+    not doubles it. ``paid`` is whether the round beat a plain step
+    (:func:`speculation_pays` on its own accepted length and node count, which the engine
+    passes); without it, accepting >= 1 token counts as paid. The difference matters for a
+    drafter that often gets one token right but never enough to pay: with the weaker rule
+    each such probe reset the back-off, and it probed every ``min_backoff`` rounds.
     """
     _check_bins(stats, config)
     slots = tree.num_slots
@@ -255,9 +262,10 @@ def update(
         return jnp.where(jnp.isfinite(old), new, observed)
 
     backoff = jnp.clip(stats.backoff, config.min_backoff, config.max_backoff)
-    failed_probe = _probe_due(stats, config) & (length == 0)
+    success = length >= 1 if paid is None else jnp.asarray(paid, bool)
+    failed_probe = _probe_due(stats, config) & ~success
     backoff = jnp.where(
-        length >= 1,
+        success,
         config.min_backoff,
         jnp.where(failed_probe, jnp.minimum(2 * backoff, config.max_backoff), backoff),
     )

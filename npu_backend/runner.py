@@ -53,7 +53,13 @@ from eaglepangu_jax.engine import decode as engine
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal
 from eaglepangu_jax.engine.state import DecodeState
-from eaglepangu_jax.engine.step import StepStatic, accept, advance_state, plan_round
+from eaglepangu_jax.engine.step import (
+    StepStatic,
+    accept,
+    advance_state,
+    plan_round,
+    round_paid,
+)
 from npu_backend import branches as branches_lib
 from npu_backend import bridge, simulated
 from npu_backend.kv_cache import TorchKVCache
@@ -152,6 +158,7 @@ def _finish(
     plan: RoundPlan,
     logits: jax.Array,
     features: jax.Array | None,
+    costs: tuple[jax.Array | None, jax.Array],
 ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
     """Acceptance and the state update of ``speculative_step`` (the cache aside).
 
@@ -183,6 +190,7 @@ def _finish(
         plan.key,
         plan.tree,
         plan.drafted,
+        round_paid(acc, plan.num_nodes, *costs) if static.controlled else None,
     )
     return new_state, acc.length, acc.path, winner
 
@@ -334,6 +342,7 @@ class TorchTeacherRunner:
             plan,
             bridge.to_jax(logits),
             bridge.to_jax(features) if self.static.feature_layers else None,
+            (self._latency, jnp.float32(self.draft_seconds)),
         )
         length, path, winner = (int(length), np.asarray(path), int(winner))
         accepted_path = tuple(int(s) for s in path[: length + 1])

@@ -131,7 +131,7 @@ def ref_pays(accepted, nodes, latency, t_draft):
     return rates[n] > plain, abs(rates[n] - plain) / plain
 
 
-def ref_update(stats, config, tree, length, path, speculated):
+def ref_update(stats, config, tree, length, path, speculated, paid=None):
     rounds, backoff = int(stats.rounds_since_draft), int(stats.backoff)
     if not speculated:
         return {
@@ -158,7 +158,8 @@ def ref_update(stats, config, tree, length, path, speculated):
         return (1 - w) * old + w * new if np.isfinite(old) else new
 
     backoff = min(max(backoff, config.min_backoff), config.max_backoff)
-    if length >= 1:
+    success = length >= 1 if paid is None else paid
+    if success:
         new_backoff = config.min_backoff
     elif rounds >= backoff:
         new_backoff = min(2 * backoff, config.max_backoff)
@@ -268,6 +269,26 @@ def test_update_matches_numpy(stats, tree, data, speculated):
     assert_stats_equal(got, ref_update(stats, CONFIG, tree, length, path, speculated))
     if speculated:  # the new statistics are always usable
         assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(got))
+
+
+@given(stats_strategy(), tree_strategy(), st.data(), st.booleans(), st.booleans())
+def test_update_with_paid_matches_numpy(stats, tree, data, speculated, paid):
+    # With the engine's verdict on the round, only a round that paid resets the back-off.
+    no_bin_edge(tree.logscore)
+    length, path = data.draw(acceptance_strategy(tree))
+    got = update_jit(stats, CONFIG, tree, length, path, speculated, paid)
+    assert_stats_equal(got, ref_update(stats, CONFIG, tree, length, path, speculated, paid))
+
+
+def test_a_probe_that_accepts_but_does_not_pay_backs_off():
+    stats = dc.AcceptanceStats.create(CONFIG)
+    stats = dataclasses.replace(stats, rounds_since_draft=jnp.int32(CONFIG.min_backoff))
+    tree = tree_lib.chain(SLOTS)
+    path = jnp.arange(tree.max_depth + 1, dtype=jnp.int32)
+    unpaid = dc.update(stats, CONFIG, tree, 1, path, True, False)
+    legacy = dc.update(stats, CONFIG, tree, 1, path, True)
+    assert int(unpaid.backoff) == 2 * CONFIG.min_backoff
+    assert int(legacy.backoff) == CONFIG.min_backoff
 
 
 @settings(max_examples=8)  # eager dispatch is slow; the numpy test covers the values

@@ -61,6 +61,7 @@ __all__ = [
     "verify_and_accept",
     "commit_round",
     "advance_state",
+    "round_paid",
     "speculative_step",
     "run_rounds",
     "run_rounds_batched",
@@ -283,17 +284,20 @@ def draft_if(
     an all-zero proposal of the same shapes and the state unchanged (the drafter does not
     run: ``lax.cond``)."""
 
+    # The branches return the drafter's part of the state only: a branch returning the whole
+    # state (the teacher's KV cache included) may make XLA copy the cache every round.
     def run(_):
         caught_up = catch_up(static, draft_params, state)
-        return draft(static, draft_params, caught_up, key), caught_up
+        proposal = draft(static, draft_params, caught_up, key)
+        return proposal, caught_up.drafter_state, caught_up.num_features
+
+    def skip(_):
+        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+        return zeros, state.drafter_state, state.num_features
 
     shapes = jax.eval_shape(run, None)[0]
-    return jax.lax.cond(
-        drafting,
-        run,
-        lambda _: (jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes), state),
-        None,
-    )
+    proposal, drafter_state, pending = jax.lax.cond(drafting, run, skip, None)
+    return proposal, dataclasses.replace(state, drafter_state=drafter_state, num_features=pending)
 
 
 def feature_rows(spec: SpecConfig, controlled: bool, control: draft_control.ControlConfig) -> int:
@@ -375,6 +379,7 @@ def commit_round(
     key: Array,
     tree: tree_lib.Tree | None = None,
     drafted: Bool[Array, ""] | bool = False,
+    paid: Bool[Array, ""] | None = None,
 ) -> DecodeState:
     """Commit the accepted path in the teacher's cache, then :func:`advance_state`.
 
@@ -382,7 +387,7 @@ def commit_round(
     ``[length, length + D + 1)``): committing only advances ``length``."""
     state = dataclasses.replace(state, cache=cache_lib.commit_length(cache, acc.length))
     return advance_state(
-        static, draft_params, state, acc, path_features, n_nodes, key, tree, drafted
+        static, draft_params, state, acc, path_features, n_nodes, key, tree, drafted, paid
     )
 
 
@@ -396,12 +401,14 @@ def advance_state(
     key: Array,
     tree: tree_lib.Tree | None = None,
     drafted: Bool[Array, ""] | bool = False,
+    paid: Bool[Array, ""] | None = None,
 ) -> DecodeState:
     """Everything a round changes besides the teacher's cache, for every backend: append the
     emitted tokens, count the round, set the stop flag (eos or max_new_tokens), log it, feed
     the drafter the accepted positions' features, and fold the round into the controller's
     acceptance statistics (``tree`` is the verified tree, ``drafted`` whether the drafter
-    ran). ``path_features=None`` keeps the state's features (plain decoding)."""
+    ran, ``paid`` whether it beat a plain step: :func:`round_paid`). ``path_features=None``
+    keeps the state's features (plain decoding)."""
     emitted = acc.length + 1
     tokens = jax.lax.dynamic_update_slice(state.tokens, acc.tokens, (state.num_tokens,))
     index = jnp.arange(acc.tokens.shape[0], dtype=jnp.int32)
@@ -424,10 +431,26 @@ def advance_state(
         new_state = dataclasses.replace(
             new_state,
             control=draft_control.update(
-                state.control, static.control, tree, acc.length, acc.path, drafted
+                state.control, static.control, tree, acc.length, acc.path, drafted, paid
             ),
         )
     return new_state
+
+
+def round_paid(
+    acc: verify.Acceptance,
+    n_nodes: Int[Array, ""],
+    verify_latency: Float[Array, " N"] | None,
+    draft_seconds: Float[Array, ""] | float,
+) -> Bool[Array, ""] | None:
+    """Whether this round's speculation beat a plain step (its own accepted length over its
+    node count, :func:`eaglepangu_jax.draft_control.speculation_pays`); None without a
+    latency curve."""
+    if verify_latency is None:
+        return None
+    return draft_control.speculation_pays(
+        acc.length, n_nodes, jnp.asarray(verify_latency, jnp.float32), draft_seconds
+    )
 
 
 def _feed_drafter(
@@ -447,12 +470,18 @@ def _feed_drafter(
     pending = jnp.clip(state.num_features, 0, buffer - rows)
     features = jax.lax.dynamic_update_slice_in_dim(state.features, path_features, pending, axis=0)
     state = dataclasses.replace(state, features=features, num_features=pending + emitted)
-    return jax.lax.cond(
+
+    def flush(_):
+        caught_up = catch_up(static, draft_params, state)
+        return caught_up.drafter_state, caught_up.num_features
+
+    drafter_state, pending = jax.lax.cond(
         state.num_features + rows > buffer,
-        lambda s: catch_up(static, draft_params, s),
-        lambda s: s,
-        state,
+        flush,
+        lambda _: (state.drafter_state, state.num_features),
+        None,
     )
+    return dataclasses.replace(state, drafter_state=drafter_state, num_features=pending)
 
 
 def speculative_step(
@@ -469,8 +498,9 @@ def speculative_step(
         static, draft_params, state, draft_key, verify_latency, draft_seconds
     )
     acc, path_features, cache = verify_and_accept(static, params, state, tree, proposal, accept_key)
+    paid = round_paid(acc, n_nodes, verify_latency, draft_seconds) if static.controlled else None
     new_state = commit_round(
-        static, draft_params, state, acc, path_features, cache, n_nodes, key, tree, drafted
+        static, draft_params, state, acc, path_features, cache, n_nodes, key, tree, drafted, paid
     )
     return new_state, RoundInfo(tree=tree, acceptance=acc, num_nodes=n_nodes)
 

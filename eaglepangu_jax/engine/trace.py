@@ -44,6 +44,7 @@ from eaglepangu_jax.engine.step import (
     decide,
     draft,
     draft_if,
+    round_paid,
     shape_tree,
     slot_buckets,
     tree_if,
@@ -127,9 +128,11 @@ def _accept(static: StepStatic, tree: tree_lib.Tree, logits, accept_key, proposa
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _commit(static, draft_params, state, features, new_k, new_v, acc, n_nodes, key, tree, drafted):
+def _commit(static, draft_params, state, verified, acc, n_nodes, key, tree, drafted, costs):
+    features, new_k, new_v = verified
     rows = path_rows(acc, new_k, new_v, committed_rows(tree))
     cache = cache_lib.write_rows(state.cache, *rows)
+    paid = round_paid(acc, n_nodes, *costs) if static.controlled else None
     return commit_round(
         static,
         draft_params,
@@ -141,6 +144,7 @@ def _commit(static, draft_params, state, features, new_k, new_v, acc, n_nodes, k
         key,
         tree,
         drafted,
+        paid,
     )
 
 
@@ -281,14 +285,13 @@ def _traced_round(
         static,
         draft_params,
         state,
-        features,
-        new_k,
-        new_v,
+        (features, new_k, new_v),
         acc,
         n_nodes,
         key,
         full_tree,
         drafted,
+        (verify_latency, t_draft),
     )
     predicted = None
     if roofline is not None:
