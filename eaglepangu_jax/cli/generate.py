@@ -191,6 +191,7 @@ def _generate(teacher, method: Method, prompt_ids: list[int], trace_path: str | 
                 draft_params=method.draft_params,
                 verify_latency=verify_latency,
                 draft_seconds=draft_seconds,
+                correction=method.correction,
             )
     # Compilations that ended after the prefill belong to the decode time.
     return result, watch.seconds_after(start + result.stats.prefill_seconds)

@@ -5,9 +5,11 @@
 * :class:`Teacher`: a model config plus its prepared parameters.
 * :func:`generate`, :func:`generate_batch`, :func:`sample_many`: decoding entry points.
 * :class:`Drafter`, :class:`DraftContext`, :class:`Proposal`: the drafter protocol.
+* :class:`CostCorrection`: the controller's latency curve corrected from measured times.
 """
 
 from eaglepangu_jax.engine.config import POLICIES, SpecConfig
+from eaglepangu_jax.engine.costs import CostCorrection
 from eaglepangu_jax.engine.decode import (
     GenerationResult,
     GenerationStats,
@@ -22,6 +24,7 @@ from eaglepangu_jax.engine.state import DecodeState
 
 __all__ = [
     "POLICIES",
+    "CostCorrection",
     "DecodeState",
     "DraftContext",
     "Drafter",

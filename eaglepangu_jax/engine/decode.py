@@ -23,6 +23,7 @@ from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import draft_control, mode
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.costs import CostCorrection, segment_costs
 from eaglepangu_jax.engine.result import (
     GenerationResult,
     GenerationStats,
@@ -327,15 +328,20 @@ def decode_loop(
     batched,
     verify_latency=None,
     draft_seconds=0.0,
+    correction: CostCorrection | None = None,
 ):
-    """Drive the device loop through growing attention windows until every sequence stops."""
+    """Drive the device loop through growing attention windows until every sequence stops.
+
+    With a ``correction`` (policy ``"auto"``, one sequence), each segment runs on the curve
+    it corrects, and each segment's measured time is added to it (:mod:`.costs`)."""
     need = 1 if drafter is None else spec.budget + 1
-    if drafter is not None and spec.policy == "auto" and verify_latency is None:
+    controlled = drafter is not None and spec.policy == "auto"
+    if controlled and verify_latency is None:
         context = int(np.max(np.asarray(state.cache.length)))
         verify_latency = nominal_verify_latency(teacher.config, spec, context)
-    if verify_latency is not None:
-        verify_latency = jnp.asarray(verify_latency, jnp.float32)
-    draft_seconds = jnp.float32(draft_seconds)
+    if not controlled or batched:
+        correction = None
+    base_latency = None if verify_latency is None else np.asarray(verify_latency, np.float32)
     while True:
         length = int(np.max(np.asarray(state.cache.length)))
         done = np.asarray(state.done)
@@ -349,6 +355,11 @@ def decode_loop(
             window=window,
             bucketed=not batched,
         )
+        latency, t_draft = base_latency, float(draft_seconds)
+        if correction is not None:
+            latency, t_draft = correction.apply(base_latency, t_draft)
+            compiling = correction.first_run(static)
+            first_round, start = int(state.rounds), time.perf_counter()
         # Reference mode: the invariant checks traced into the step raise on the host.
         runner = mode.checked(_run_batched if batched else _run)
         state = runner(
@@ -357,9 +368,21 @@ def decode_loop(
             draft_params,
             state,
             jnp.int32(window),
-            verify_latency,
-            draft_seconds,
+            None if latency is None else jnp.asarray(latency, jnp.float32),
+            jnp.float32(t_draft),
         )
+        if correction is not None:
+            last_round = int(state.rounds)  # waits for the segment to finish
+            elapsed = time.perf_counter() - start
+            if not compiling:
+                plain, spec_s = segment_costs(
+                    np.asarray(state.nodes_log),
+                    first_round,
+                    last_round,
+                    base_latency,
+                    float(draft_seconds),
+                )
+                correction.observe(plain, spec_s, elapsed)
 
 
 def generate(
@@ -372,6 +395,7 @@ def generate(
     verify_latency: Any = None,
     draft_seconds: float = 0.0,
     stream: int = 0,
+    correction: CostCorrection | None = None,
 ) -> GenerationResult:
     """Generate a continuation of ``prompt_ids`` (a list of token ids).
 
@@ -389,6 +413,10 @@ def generate(
       draft_seconds: predicted seconds the drafter takes per round (``"auto"``).
       stream: random stream index: the PRNG key is ``fold_in(key(spec.seed), stream)``;
         sequence ``i`` of :func:`generate_batch` uses stream ``i``.
+      correction: under ``"auto"``, the :class:`~eaglepangu_jax.engine.costs.CostCorrection`
+        that scales ``verify_latency`` and ``draft_seconds`` and learns from this call's
+        segment times (keep one per method across calls). Tokens do not depend on it under
+        greedy acceptance; speed does.
 
     Returns:
       The new tokens (cut after eos and at ``max_new_tokens``) and statistics. The
@@ -419,6 +447,7 @@ def generate(
         batched=False,
         verify_latency=verify_latency,
         draft_seconds=draft_seconds,
+        correction=correction,
     )
     jax.block_until_ready(state)
     t2 = time.perf_counter()

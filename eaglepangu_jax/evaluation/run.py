@@ -100,6 +100,7 @@ def generate_with(teacher: Teacher, method: Method, prompt_ids: Sequence[int]) -
         draft_params=method.draft_params,
         verify_latency=verify_latency,
         draft_seconds=draft_seconds,
+        correction=method.correction,
     )
 
 
@@ -305,6 +306,7 @@ def _describe(method: Method) -> dict[str, Any]:
         "drafter": repr(method.drafter) if method.drafter is not None else None,
         "runner": method.runner.describe() if method.runner is not None else None,
         "spec": dataclasses.asdict(method.spec),
+        "cost_correction": method.correction.describe() if method.correction else None,
     }
 
 

@@ -26,6 +26,7 @@ from eaglepangu_jax.drafters.registry import (
     NAMES as DRAFTER_NAMES,
 )
 from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.costs import CostCorrection
 from eaglepangu_jax.engine.decode import GenerationResult
 from eaglepangu_jax.methods import peers
 
@@ -83,6 +84,13 @@ class Method:
     drafter: Any = None
     draft_params: Any = None
     runner: PeerRunner | None = None
+    # Under "auto", the latency-curve correction learned from this method's own runs (host
+    # state shared by every turn it generates; see engine.costs).
+    correction: CostCorrection | None = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.correction is None and self.drafter is not None and self.spec.policy == "auto":
+            object.__setattr__(self, "correction", CostCorrection())
 
 
 def parse_methods(text: str | Sequence[str]) -> tuple[str, ...]:

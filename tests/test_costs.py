@@ -1,0 +1,107 @@
+"""Online correction of the controller's latency curve (engine.costs): the fit recovers
+known scale factors, ignores what it must, and stays bounded."""
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eaglepangu_jax import engine
+from eaglepangu_jax.drafters import NGramDrafter
+from eaglepangu_jax.engine.costs import SCALE_RANGE, CostCorrection, segment_costs
+from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.init import random_params
+
+CURVE = np.asarray([0.05, 0.08, 0.08, 0.08, 0.12], np.float32)
+
+
+def test_segment_costs_split_plain_and_speculative_rounds():
+    nodes = np.asarray([0, 3, 0, 4, 1, 9, 9], np.int32)
+    plain, spec = segment_costs(nodes, 0, 5, CURVE, 0.01)
+    assert plain == pytest.approx(2 * 0.05)
+    assert spec == pytest.approx((0.08 + 0.01) + (0.12 + 0.01) + (0.08 + 0.01))
+    # Only the segment's rounds count; node counts past the curve clip to its last entry.
+    plain, spec = segment_costs(nodes, 5, 7, CURVE, 0.0)
+    assert plain == 0.0 and spec == pytest.approx(2 * 0.12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(0.5, 2.5), st.floats(0.5, 2.5), st.integers(0, 2**31 - 1))
+def test_fit_recovers_known_scales(a, b, seed):
+    # Segments mixing plain and speculative rounds in varying proportions, timed exactly
+    # a * X_plain + b * X_spec: the fit converges to (a, b) up to its weak priors.
+    rng = np.random.default_rng(seed)
+    fit = CostCorrection()
+    for _ in range(20):
+        plain, spec = rng.uniform(0.0, 3.0, size=2) + 0.1
+        fit.observe(plain, spec, a * plain + b * spec)
+    got_a, got_b = fit.scales
+    assert got_a == pytest.approx(a, rel=0.1) and got_b == pytest.approx(b, rel=0.1)
+
+
+def test_only_plain_rounds_move_both_scales_together():
+    # A drafter switched off gives no evidence on speculative rounds; their scale follows
+    # the machine's overall speed instead of staying at 1.
+    fit = CostCorrection()
+    for _ in range(10):
+        fit.observe(2.0, 0.0, 3.0)
+    a, b = fit.scales
+    assert a == pytest.approx(1.5, rel=0.02)
+    assert 1.2 < b <= a + 1e-6
+
+
+def test_bad_segments_are_ignored_and_scales_stay_bounded():
+    fit = CostCorrection()
+    for bad in [(np.nan, 1.0, 1.0), (1.0, 1.0, np.inf), (0.0, 0.0, 1.0), (1.0, 1.0, 0.001)]:
+        fit.observe(*bad)
+    assert fit.segments == 0 and fit.scales == pytest.approx((1.0, 1.0))
+    for _ in range(20):
+        fit.observe(0.001, 0.001, 10.0)  # far slower than predicted
+    lo, hi = SCALE_RANGE
+    assert fit.scales == pytest.approx((hi, hi))
+    curve, t_draft = fit.apply(CURVE, 0.01)
+    np.testing.assert_allclose(curve, CURVE * hi, rtol=1e-6)
+    assert t_draft == pytest.approx(0.01 * hi)
+
+
+def test_apply_scales_the_plain_entry_and_the_rest_apart():
+    fit = CostCorrection()
+    for plain, spec in [(1.0, 0.0), (0.0, 1.0)] * 10:
+        fit.observe(plain, spec, 0.8 * plain + 1.6 * spec)
+    a, b = fit.scales
+    curve, t_draft = fit.apply(CURVE, 0.02)
+    assert curve[0] == pytest.approx(a * CURVE[0], rel=1e-6) and a == pytest.approx(0.8, rel=0.05)
+    np.testing.assert_allclose(curve[1:], b * CURVE[1:], rtol=1e-6)
+    assert t_draft == pytest.approx(b * 0.02) and b == pytest.approx(1.6, rel=0.05)
+
+
+def test_first_run_of_a_loop_is_flagged_once():
+    fit = CostCorrection()
+    assert fit.first_run(("loop", 256)) and not fit.first_run(("loop", 256))
+    assert fit.first_run(("loop", 512))
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="decay"):
+        CostCorrection(decay=0.0)
+    with pytest.raises(ValueError, match="prior"):
+        CostCorrection(prior_tie=0.0)
+
+
+def test_generate_learns_from_its_segments_and_keeps_the_tokens():
+    # A tiny teacher under "auto": the first call compiles (its segment is not used), the
+    # next ones are observed; greedy tokens never depend on the correction.
+    cfg = LlamaConfig.tiny(vocab_size=61, num_layers=1, max_position=256)
+    teacher = engine.Teacher(cfg, random_params(cfg, jax.random.key(3)))
+    spec = engine.SpecConfig(budget=3, depth=3, max_new_tokens=120, eos_id=-7)
+    drafter = NGramDrafter(budget=3, depth=3)
+    prompt = [7, 8, 9] * 5
+    fit = CostCorrection(min_seconds=0.0)
+    greedy = engine.generate(teacher, None, prompt, spec).tokens
+    for expected_segments in (0, 1, 2):
+        out = engine.generate(teacher, drafter, prompt, spec, correction=fit)
+        assert out.tokens == greedy
+        assert fit.segments == expected_segments
+    a, b = fit.scales
+    assert SCALE_RANGE[0] <= min(a, b) and max(a, b) <= SCALE_RANGE[1]
