@@ -35,9 +35,13 @@ def teacher():
     return engine.Teacher(CFG, random_params(CFG, jax.random.key(0)))
 
 
+NGRAM = make_method("ngram", SPEC)
+NGRAM_KEY = curve.draft_cost_key(NGRAM)  # "ngram:budget=4,depth=3"
+
+
 @pytest.fixture(scope="module")
 def methods():
-    return {"ngram": make_method("ngram", SPEC)}
+    return auto.controlled_methods([NGRAM])
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +96,7 @@ def assert_fresh(calibration, path):
     assert calibration.teacher == store.teacher_fingerprint(CFG, DTYPE)
     assert store.same_machine(calibration)
     assert calibration.details.get("quick") is True
-    assert calibration.t_draft["ngram"] > 0
+    assert calibration.t_draft[NGRAM_KEY] > 0
     assert store.load_calibration(path, config=CFG, dtype=DTYPE) == calibration
     only_the_file(path)
 
@@ -207,7 +211,7 @@ def test_missing_drafter_is_timed_and_added(teacher, methods, measured, tmp_path
     assert counted["calibrate"] == 0
     assert counted["draft"] == ["ngram"]  # only the missing drafter was timed
     assert completed.t_draft["eagle3"] == 0.125  # the others are kept
-    assert completed.t_draft["ngram"] > 0
+    assert completed.t_draft[NGRAM_KEY] > 0
     # Nothing else changed, and the completed calibration was saved.
     assert dataclasses.replace(completed, t_draft=without.t_draft) == without
     assert store.load_calibration(path, config=CFG, dtype=DTYPE) == completed

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from eaglepangu_jax.calibration.curve import usable_calibration
+from eaglepangu_jax.calibration.curve import draft_cost_key, usable_calibration
 from eaglepangu_jax.calibration.measure import (
     calibrate_teacher,
     measure_draft,
@@ -110,9 +110,10 @@ def ensure_calibration(
 
 
 def controlled_methods(methods) -> dict[str, Method]:
-    """Drafter name -> method, for the methods the ``"auto"`` controller will run."""
+    """Drafting-cost key (:func:`~.curve.draft_cost_key`) -> method, for the methods the
+    ``"auto"`` controller will run."""
     return {
-        m.drafter.name: m
+        draft_cost_key(m): m
         for m in methods
         if m.runner is None and m.drafter is not None and m.spec.policy == "auto"
     }

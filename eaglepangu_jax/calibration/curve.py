@@ -45,6 +45,7 @@ __all__ = [
     "usable_calibration",
     "curve_for",
     "auto_verify_latency",
+    "draft_cost_key",
     "method_costs",
 ]
 
@@ -195,6 +196,14 @@ def auto_verify_latency(
     return curve_for(config, spec, context, drafter_name)
 
 
+def draft_cost_key(method: methods_lib.Method) -> str:
+    """The calibration's name for ``method``'s drafting cost: the method and the tree shape it
+    drafts. One drafter class drafts at very different costs: the EAGLE-3 head proposing 8
+    nodes to depth 6 against the same head as MTP (one node), so a cost measured for one
+    shape must not be read for another."""
+    return f"{method.name}:budget={method.spec.budget},depth={method.spec.depth}"
+
+
 def method_costs(
     config: LlamaConfig,
     method: methods_lib.Method,
@@ -210,6 +219,6 @@ def method_costs(
         return None, 0.0
     curve = curve_for(config, method.spec, context, path=path)
     calibration = usable_calibration(config, path=path)
-    name = getattr(method.drafter, "name", None)
-    t_draft = calibration.t_draft.get(name, 0.0) if calibration is not None else 0.0
+    key = draft_cost_key(method)
+    t_draft = calibration.t_draft.get(key, 0.0) if calibration is not None else 0.0
     return curve, float(t_draft)

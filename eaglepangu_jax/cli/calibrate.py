@@ -11,6 +11,7 @@ from typing import Sequence
 
 from eaglepangu_jax import runtime
 from eaglepangu_jax.calibration import measure, store
+from eaglepangu_jax.calibration.curve import draft_cost_key
 from eaglepangu_jax.cli import args as args_lib
 from eaglepangu_jax.drafters.registry import NAMES as DRAFTER_NAMES
 from eaglepangu_jax.drafters.registry import DrafterUnavailableError
@@ -94,7 +95,8 @@ def _methods(
     methods = {}
     for name in names if explicit else DRAFTER_NAMES:
         try:
-            methods[name] = _method(name, spec, teacher)
+            method = _method(name, spec, teacher)
+            methods[draft_cost_key(method)] = method
         except (ValueError, DrafterUnavailableError) as err:
             if explicit:
                 parser.error(f"--drafters: {name}: {err}")

@@ -15,9 +15,10 @@ generations, two scale factors of the curve:
 ``a`` scales a plain step, ``b`` a speculative round; the corrected curve is ``a T[0]``,
 ``b T[n]`` and ``b t_draft``. The fit is least squares with each segment divided by its
 predicted time (so a long segment does not outweigh short ones, and a machine far slower
-than predicted still gives full-weight evidence), with older segments decayed, a weak pull of ``a`` toward 1 and a stronger pull of ``b`` toward ``a``:
-when only one kind of round has run, the other scale follows the machine's overall speed
-instead of staying where it was. Both stay within ``[1/4, 4]``.
+than predicted still gives full-weight evidence), with older segments decayed, a weak pull
+of ``a`` toward 1 and a weak pull of ``b`` toward ``a``: when only one kind of round has run,
+the other scale follows the machine's overall speed instead of staying where it was. Both
+stay within ``[1/4, 4]``.
 
 The object is host-side and mutable (not a pytree, never traced): a caller that keeps one per
 method passes it to every :func:`~eaglepangu_jax.engine.decode.generate` call. The corrected
@@ -48,9 +49,9 @@ class CostCorrection:
       min_seconds: segments shorter than this are ignored (host overhead dominates them).
     """
 
-    decay: float = 0.8
-    prior_plain: float = 0.002
-    prior_tie: float = 0.005
+    decay: float = 0.9
+    prior_plain: float = 0.01
+    prior_tie: float = 0.05
     min_seconds: float = 0.05
     segments: int = 0
     # Decayed normal equations of the relative-error fit.
