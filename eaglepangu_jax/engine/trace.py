@@ -50,9 +50,13 @@ from eaglepangu_jax.engine.step import (
     tree_if,
     truncate_tree,
 )
-from eaglepangu_jax.engine.verification import committed_rows, path_rows, verify_inputs
+from eaglepangu_jax.engine.verification import (
+    committed_rows,
+    path_rows,
+    verify_forward,
+    verify_inputs,
+)
 from eaglepangu_jax.files import write_text_atomic
-from eaglepangu_jax.models import llama
 
 __all__ = [
     "PHASES",
@@ -109,17 +113,8 @@ def _mask(static: StepStatic, cache, tree: tree_lib.Tree):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _verify(static: StepStatic, params: dict, cache, tokens, positions, prefix, within):
-    return llama.forward_detached(
-        params,
-        tokens,
-        positions,
-        cache,
-        prefix,
-        within,
-        config=static.teacher,
-        feature_layers=static.feature_layers,
-    )
+def _verify(static: StepStatic, params: dict, cache, tree: tree_lib.Tree, inputs):
+    return verify_forward(static, params, cache, tree, inputs)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -274,9 +269,9 @@ def _traced_round(
     last_valid = int(np.max(np.nonzero(valid)[0]))
     sizes = slot_buckets(tree.num_slots) if static.bucketed else (tree.num_slots,)
     tree = truncate_tree(tree, next(size for size in sizes if size > last_valid))
-    positions, prefix, within = clock.run("mask", _mask, static, state.cache, tree)
+    inputs = clock.run("mask", _mask, static, state.cache, tree)
     logits, features, new_k, new_v = clock.run(
-        "verify", _verify, static, params, state.cache, tree.tokens, positions, prefix, within
+        "verify", _verify, static, params, state.cache, tree, inputs
     )
     acc = clock.run("accept", _accept, static, tree, logits, accept_key, proposal, state)
     state = clock.run(

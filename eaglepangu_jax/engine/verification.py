@@ -89,14 +89,19 @@ def verify_inputs(
 
 
 def verify_forward(
-    static: StepStatic, params: dict, cache: KVCache, tree: tree_lib.Tree
+    static: StepStatic,
+    params: dict,
+    cache: KVCache,
+    tree: tree_lib.Tree,
+    inputs: tuple[Array, Array, Array] | None = None,
 ) -> tuple[
     Float[Array, "N V"], Float[Array, "N F H"], Float[Array, "L N K Dh"], Float[Array, "L N K Dh"]
 ]:
     """The teacher's forward over every slot of ``tree`` against the committed cache, which
     it reads but does not write: ``(logits, features, new K, new V)``, the new rows in tree
-    slot order (see :func:`eaglepangu_jax.models.llama.forward_detached`)."""
-    positions, prefix, within = verify_inputs(static, cache, tree)
+    slot order (see :func:`eaglepangu_jax.models.llama.forward_detached`). ``inputs``: the
+    :func:`verify_inputs` of ``tree``, when the caller built them already."""
+    positions, prefix, within = inputs if inputs is not None else verify_inputs(static, cache, tree)
     return llama.forward_detached(
         params,
         tree.tokens,
