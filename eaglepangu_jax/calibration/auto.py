@@ -90,6 +90,7 @@ def ensure_calibration(
                 repeats=QUICK_REPEATS,
                 drafters=methods,
                 bar=bar,
+                overhead=False,
             )
         calibration = dataclasses.replace(
             calibration, details={**calibration.details, "quick": True}
@@ -127,7 +128,7 @@ class _bar:
     """A tqdm bar sized like :func:`calibrate_teacher`'s work (no bar when disabled)."""
 
     def __init__(self, points: int, drafters: int, enabled: bool):
-        self.total = progress_total(points, QUICK_REPEATS, drafters)
+        self.total = progress_total(points, QUICK_REPEATS, drafters, overhead=False)
         self.enabled = enabled
         self.bar = None
 

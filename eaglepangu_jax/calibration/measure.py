@@ -363,6 +363,7 @@ def calibrate_teacher(
     peak_flops: float = methods_lib.CPU_PEAK_FLOPS,
     bandwidth: float = methods_lib.CPU_BANDWIDTH,
     bar: Any = None,
+    overhead: bool = True,
 ) -> MachineCalibration:
     """Measure the grid, the round overhead and each drafter's cost; fit the roofline.
 
@@ -372,6 +373,10 @@ def calibrate_teacher(
       drafters: name -> the method whose drafting cost to measure (none by default).
       peak_flops, bandwidth: nominal machine figures; the fitted slopes are relative to them.
       bar: a progress bar, see :func:`progress_total` for its length.
+      overhead: measure the round overhead ``t_other`` (a compiled plain-decoding loop);
+        without it ``t_other`` is 0 and the details say so. The quick calibration leaves it
+        out: the engine's online cost correction learns the per-round overhead anyway (it
+        scales the plain step), and the loop's compilation was a third of the quick run.
 
     Returns:
       The calibration (not yet saved).
@@ -381,13 +386,15 @@ def calibrate_teacher(
     dtype = dtype_name(teacher)
     samples = measure_grid(teacher, slots, contexts, repeats, bar=bar)
     overhead_context = min(contexts)
-    overhead = measure_overhead(
-        teacher,
-        context=overhead_context,
-        repeats=repeats,
-        rounds=_overhead_rounds(cfg, overhead_context),
-        bar=bar,
-    )
+    measured_overhead = None
+    if overhead:
+        measured_overhead = measure_overhead(
+            teacher,
+            context=overhead_context,
+            repeats=repeats,
+            rounds=_overhead_rounds(cfg, overhead_context),
+            bar=bar,
+        )
     t_draft = {
         name: measure_draft(teacher, m, context=overhead_context, repeats=repeats, bar=bar)
         for name, m in drafters.items()
@@ -407,11 +414,15 @@ def calibrate_teacher(
         bytes_per_param=float(roofline.bytes_per_param),
         **{k: float(getattr(fit, k)) for k in FIT_KEYS},
         samples=tuple(samples),
-        t_other=overhead.t_other,
+        t_other=measured_overhead.t_other if measured_overhead else 0.0,
         t_draft=t_draft,
         details={
             "repeats": repeats,
-            "overhead": dataclasses.asdict(overhead),
+            "overhead": (
+                dataclasses.asdict(measured_overhead)
+                if measured_overhead
+                else "not measured (quick calibration: corrected online)"
+            ),
             "drafters": {
                 name: {
                     "context": overhead_context,
@@ -435,6 +446,7 @@ def _overhead_rounds(config: LlamaConfig, context: int) -> int:
     return max(1, min(OVERHEAD_ROUNDS, spare))
 
 
-def progress_total(num_points: int, repeats: int, num_drafters: int) -> int:
+def progress_total(num_points: int, repeats: int, num_drafters: int, overhead: bool = True) -> int:
     """Progress steps of :func:`calibrate_teacher`: every compile and every timed call."""
-    return num_points * (1 + repeats) + (1 + repeats) + (1 + repeats) + num_drafters * (1 + repeats)
+    loop = 2 * (1 + repeats) if overhead else 0
+    return num_points * (1 + repeats) + loop + num_drafters * (1 + repeats)
