@@ -22,6 +22,13 @@ a 6-slot tree, accepted ``path = [0, 2, 5]`` (``n = 2``), bonus token ``b``::
 Moved K/V stay correct because a tree node's rotary position is ``length + depth`` and the
 accepted node at depth ``k`` lands at slot ``length + k``.
 
+**The engine's way** skips the move: its verify forward reads the cache without writing it
+(:func:`eaglepangu_jax.models.llama.forward_detached`) and returns the tree's K/V; after
+acceptance :func:`write_rows` writes the accepted path's rows (root first) straight into
+their final slots and :func:`commit_length` advances ``length``. Same cache, one write, and
+the forward can sit in a ``lax.switch`` without XLA copying the cache through the branches.
+:func:`commit` serves forwards that wrote the tree in place (the torch adapter's).
+
 Dimensions: ``L`` layers, ``S`` slots, ``K`` KV heads, ``Dh`` head dim, ``D`` max tree depth
 (paths have ``D + 1`` entries, the root first). Every function is pure and jittable; jit the
 step with ``donate_argnums`` for the cache so XLA updates it in place.
