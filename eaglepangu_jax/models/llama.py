@@ -100,12 +100,7 @@ def forward(
         x, k_all, v_all, taps = _layers_scanned(
             params, x, cache, cos, sin, mask, config, feature_layers
         )
-    if feature_layers:
-        features = jnp.stack([taps[i] for i in feature_layers], axis=1)
-    else:
-        features = jnp.zeros((tokens.shape[0], 0, config.hidden_size), x.dtype)
-    h = rms_norm(x, params["final_norm"], config.rms_norm_eps)
-    logits = _lm_head(h, params)
+    logits, features = _outputs(params, x, taps, feature_layers, config)
     return logits, features, dataclasses.replace(cache, k=k_all, v=v_all)
 
 
@@ -188,9 +183,9 @@ def forward_detached(
 
     def attention(h, layer, cache_k, cache_v):
         q, k, v = _project_qkv(h, layer, cos, sin, config)
-        # Scores against the cache window and against the new tokens are computed apart and
-        # joined only for the softmax: concatenating the K/V instead copies the window.
-        out = _attend_two(
+        # Two key blocks, the cache window and the new tokens: concatenating their K/V
+        # would copy the window every layer.
+        out = _attend(
             q,
             (cache_k[:window].astype(q.dtype), k),
             (cache_v[:window].astype(q.dtype), v),
@@ -227,11 +222,7 @@ def forward_detached(
 
         x, (outs, new_k, new_v) = jax.lax.scan(body, x, (stacked, cache.k, cache.v))
         taps = {i: outs[i] for i in feature_layers}
-    if feature_layers:
-        features = jnp.stack([taps[i] for i in feature_layers], axis=1)
-    else:
-        features = jnp.zeros((t, 0, config.hidden_size), x.dtype)
-    logits = _lm_head(rms_norm(x, params["final_norm"], config.rms_norm_eps), params)
+    logits, features = _outputs(params, x, taps, feature_layers, config)
     return logits, features, new_k.astype(cache.k.dtype), new_v.astype(cache.v.dtype)
 
 
@@ -314,7 +305,7 @@ def _attention(h, layer, i, k_all, v_all, start, cos, sin, mask, config):
     size = (1, mask.shape[1], config.num_kv_heads, config.head_dim)
     keys = jax.lax.dynamic_slice(k_all, (i, zero, zero, zero), size)[0].astype(q.dtype)
     values = jax.lax.dynamic_slice(v_all, (i, zero, zero, zero), size)[0].astype(q.dtype)
-    return _attend(q, keys, values, mask, layer, config), (k_all, v_all)
+    return _attend(q, (keys,), (values,), mask, layer, config), (k_all, v_all)
 
 
 def _project_qkv(h, layer, cos, sin, config):
@@ -327,33 +318,22 @@ def _project_qkv(h, layer, cos, sin, config):
 
 
 def _attend(q, keys, values, mask, layer, config):
-    """Masked GQA attention of ``q [T, Nq, Dh]`` over ``keys/values [W, K, Dh]``, projected
-    by ``wo``."""
+    """Masked GQA attention of ``q [T, Nq, Dh]`` over one or more blocks of keys/values
+    (``[W_b, K, Dh]`` each, e.g. the cache window then the new tokens), projected by ``wo``.
+    ``mask`` covers the blocks' columns in order. The blocks' scores are joined only for the
+    softmax, so no block of K/V is ever copied into a concatenation."""
     t, n_kv, dh = q.shape[0], config.num_kv_heads, config.head_dim
     group = config.num_heads // n_kv
     # Query head j reads kv head j // group (each kv head serves a consecutive group).
     qg = q.reshape(t, n_kv, group, dh)
-    scores = jnp.einsum("tkgd,wkd->kgtw", qg, keys, preferred_element_type=jnp.float32)
-    probs = _masked_softmax(scores * jnp.float32(dh**-0.5), mask)
-    out = jnp.einsum("kgtw,wkd->tkgd", probs.astype(q.dtype), values)
-    return out.reshape(t, config.q_width) @ layer["wo"]
-
-
-def _attend_two(q, keys, values, mask, layer, config):
-    """:func:`_attend` over the keys of two blocks (the cache window, then the new tokens)
-    without concatenating them; ``mask`` covers both blocks' columns."""
-    t, n_kv, dh = q.shape[0], config.num_kv_heads, config.head_dim
-    group = config.num_heads // n_kv
-    qg = q.reshape(t, n_kv, group, dh)
-    scores = jnp.concatenate(
-        [jnp.einsum("tkgd,wkd->kgtw", qg, key, preferred_element_type=jnp.float32) for key in keys],
-        axis=-1,
-    )
+    scores = [jnp.einsum("tkgd,wkd->kgtw", qg, k, preferred_element_type=jnp.float32) for k in keys]
+    scores = scores[0] if len(scores) == 1 else jnp.concatenate(scores, axis=-1)
     probs = _masked_softmax(scores * jnp.float32(dh**-0.5), mask).astype(q.dtype)
-    split = keys[0].shape[0]
-    out = jnp.einsum("kgtw,wkd->tkgd", probs[..., :split], values[0]) + jnp.einsum(
-        "kgtw,wkd->tkgd", probs[..., split:], values[1]
-    )
+    out, start = 0.0, 0
+    for value in values:
+        width = value.shape[0]
+        out = out + jnp.einsum("kgtw,wkd->tkgd", probs[..., start : start + width], value)
+        start += width
     return out.reshape(t, config.q_width) @ layer["wo"]
 
 
@@ -369,6 +349,16 @@ def _masked_softmax(
     weights = jnp.exp(filled) * mask.astype(jnp.float32)
     total = jnp.sum(weights, axis=-1, keepdims=True)
     return weights / jnp.maximum(total, jnp.float32(1e-30))
+
+
+def _outputs(params, x, taps, feature_layers, config):
+    """Logits of the last residual stream and the tapped features ``[T, F, H]``."""
+    if feature_layers:
+        features = jnp.stack([taps[i] for i in feature_layers], axis=1)
+    else:
+        features = jnp.zeros((x.shape[0], 0, config.hidden_size), x.dtype)
+    logits = _lm_head(rms_norm(x, params["final_norm"], config.rms_norm_eps), params)
+    return logits, features
 
 
 def _lm_head(h: Float[Array, "T H"], params: dict) -> Float[Array, "T V"]:
