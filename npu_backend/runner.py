@@ -190,7 +190,7 @@ def _finish(
         plan.key,
         plan.tree,
         plan.drafted,
-        round_paid(acc, plan.num_nodes, *costs) if static.controlled else None,
+        round_paid(static, acc, plan.num_nodes, *costs),
     )
     return new_state, acc.length, acc.path, winner
 

@@ -438,15 +438,16 @@ def advance_state(
 
 
 def round_paid(
+    static: StepStatic,
     acc: verify.Acceptance,
     n_nodes: Int[Array, ""],
     verify_latency: Float[Array, " N"] | None,
     draft_seconds: Float[Array, ""] | float,
 ) -> Bool[Array, ""] | None:
     """Whether this round's speculation beat a plain step (its own accepted length over its
-    node count, :func:`eaglepangu_jax.draft_control.speculation_pays`); None without a
-    latency curve."""
-    if verify_latency is None:
+    node count, :func:`eaglepangu_jax.draft_control.speculation_pays`); None without the
+    controller or a latency curve."""
+    if not static.controlled or verify_latency is None:
         return None
     return draft_control.speculation_pays(
         acc.length, n_nodes, jnp.asarray(verify_latency, jnp.float32), draft_seconds
@@ -498,7 +499,7 @@ def speculative_step(
         static, draft_params, state, draft_key, verify_latency, draft_seconds
     )
     acc, path_features, cache = verify_and_accept(static, params, state, tree, proposal, accept_key)
-    paid = round_paid(acc, n_nodes, verify_latency, draft_seconds) if static.controlled else None
+    paid = round_paid(static, acc, n_nodes, verify_latency, draft_seconds)
     new_state = commit_round(
         static, draft_params, state, acc, path_features, cache, n_nodes, key, tree, drafted, paid
     )

@@ -127,7 +127,7 @@ def _commit(static, draft_params, state, verified, acc, n_nodes, key, tree, draf
     features, new_k, new_v = verified
     rows = path_rows(acc, new_k, new_v, committed_rows(tree))
     cache = cache_lib.write_rows(state.cache, *rows)
-    paid = round_paid(acc, n_nodes, *costs) if static.controlled else None
+    paid = round_paid(static, acc, n_nodes, *costs)
     return commit_round(
         static,
         draft_params,
