@@ -53,6 +53,7 @@ __all__ = [
     "verify_mask",
     "prefix_mask",
     "causal_mask",
+    "left_padded_causal_mask",
     "to_bias",
     "to_ascend",
     "from_ascend",
@@ -143,6 +144,29 @@ def causal_mask(t: int, committed_len: Int[ArrayLike, ""], cache_len: int) -> Bo
     rows = jnp.arange(t, dtype=jnp.int32)[:, None]
     slots = jnp.arange(cache_len, dtype=jnp.int32)[None, :]
     return slots <= c + rows
+
+
+def left_padded_causal_mask(
+    t: int, committed_len: Int[ArrayLike, ""], cache_len: int, first_slot: Int[ArrayLike, ""]
+) -> Bool[Array, "T S"]:
+    """:func:`causal_mask` of a sequence whose slots ``[0, first_slot)`` are left padding.
+
+    Batched plain decoding right-aligns prompts of different lengths so that every sequence
+    writes at the same slot (one in-place cache update for the batch). Row ``r`` (slot
+    ``c + r``) sees ``[first_slot, c + r]``; a padding row (``c + r < first_slot``) sees only
+    itself, so no row is empty. With ``c = 2``, ``t = 3``, ``first_slot = 3``, ``S = 6``::
+
+        cache slot 0 1 2 3 4 5
+           0      [0 0 1 0 0 0]   padding (slot 2)
+           1      [0 0 0 1 0 0]   the first real token (slot 3)
+           2      [0 0 0 1 1 0]
+    """
+    rows = causal_mask(t, committed_len, cache_len)
+    slots = jnp.arange(cache_len, dtype=jnp.int32)[None, :]
+    own = jnp.clip(jnp.asarray(committed_len, jnp.int32), 0, cache_len) + jnp.arange(
+        t, dtype=jnp.int32
+    )[:, None]
+    return (rows & (slots >= jnp.asarray(first_slot, jnp.int32))) | (slots == own)
 
 
 def to_bias(mask: Bool[Array, "... S"], dtype=jnp.float32) -> Float[Array, "... S"]:

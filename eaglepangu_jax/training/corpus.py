@@ -11,8 +11,9 @@ settings, :data:`CORPUS_VERSION`), so a changed input makes a new shard, never a
 The same format stores the *synthesis batches* of :mod:`eaglepangu_jax.training.synth`: the
 "prompt" is the pre-query template, the "answers" are the sampled user turns.
 
-Answer shards are generated batched (one ``generate_batch`` call of ``shard_size`` prompts),
-locally or as Ray tasks (:func:`build_shards` with ``ray_address``); the bytes do not depend
+Answer shards are generated batched (one
+:func:`~eaglepangu_jax.engine.plain_batch.greedy_batch` call of ``shard_size`` prompts), locally
+or as Ray tasks (:func:`build_shards` with ``ray_address``); the bytes do not depend
 on where a shard was made. Teacher features are never stored here: :func:`shard_features`
 recomputes them from the ids by batched prefill and caches them by content
 (:mod:`eaglepangu_jax.training.data`'s :class:`~eaglepangu_jax.training.data.Shard`).
@@ -206,12 +207,9 @@ def answer_prompts(
     teacher, prompts: Sequence[Sequence[int]], settings: CorpusSettings
 ) -> CorpusShard:
     """The teacher's greedy answers to ``prompts``, decoded as one batch (eos kept)."""
-    from eaglepangu_jax.engine.config import SpecConfig
-    from eaglepangu_jax.engine.decode import generate_batch
+    from eaglepangu_jax.engine.plain_batch import greedy_batch
 
-    spec = SpecConfig(policy="drafter", budget=1, depth=1, max_new_tokens=settings.max_new_tokens)
-    results = generate_batch(teacher, None, [list(p) for p in prompts], spec)
-    return pack(prompts, [r.tokens for r in results])
+    return pack(prompts, greedy_batch(teacher, [list(p) for p in prompts], settings.max_new_tokens))
 
 
 def build_shards(
