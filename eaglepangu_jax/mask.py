@@ -163,9 +163,10 @@ def left_padded_causal_mask(
     """
     rows = causal_mask(t, committed_len, cache_len)
     slots = jnp.arange(cache_len, dtype=jnp.int32)[None, :]
-    own = jnp.clip(jnp.asarray(committed_len, jnp.int32), 0, cache_len) + jnp.arange(
-        t, dtype=jnp.int32
-    )[:, None]
+    own = (
+        jnp.clip(jnp.asarray(committed_len, jnp.int32), 0, cache_len)
+        + jnp.arange(t, dtype=jnp.int32)[:, None]
+    )
     return (rows & (slots >= jnp.asarray(first_slot, jnp.int32))) | (slots == own)
 
 

@@ -148,6 +148,32 @@ def test_causal_mask_matches_oracle(t, cache_len, committed):
     assert got.any(axis=1).all()
 
 
+def test_left_padded_causal_mask_literal():
+    # The docstring's example: slot 2 is padding (sees only itself), real tokens start at 3.
+    expected = np.array([[0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 1, 0]], bool)
+    np.testing.assert_array_equal(mask.left_padded_causal_mask(3, 2, 6, 3), expected)
+    # No padding: the plain causal mask.
+    np.testing.assert_array_equal(
+        mask.left_padded_causal_mask(3, 2, 6, 0), mask.causal_mask(3, 2, 6)
+    )
+
+
+@given(st.sampled_from([1, 3, 8]), st.sampled_from([4, 8, 20]), st.data())
+def test_left_padded_causal_mask_matches_oracle(t, cache_len, data):
+    committed = data.draw(st.integers(0, cache_len - 1))
+    first = data.draw(st.integers(0, cache_len))
+    got = np.asarray(mask.left_padded_causal_mask(t, jnp.int32(committed), cache_len, first))
+    expected = np.array(
+        [
+            [first <= s <= committed + r or s == committed + r for s in range(cache_len)]
+            for r in range(t)
+        ]
+    )
+    np.testing.assert_array_equal(got, expected)
+    # A row whose own slot is inside the window is never empty.
+    assert got[: cache_len - committed].any(axis=1).all()
+
+
 def test_bad_static_arguments():
     with pytest.raises(ValueError, match="cache_len"):
         mask.verify_mask(EXAMPLE, 0, 0)

@@ -24,16 +24,20 @@ def teacher():
 
 
 def plain(teacher, prompt, max_new_tokens, eos_id):
-    spec = SpecConfig(policy="drafter", budget=1, depth=1, max_new_tokens=max_new_tokens,
-                      eos_id=eos_id)
+    spec = SpecConfig(
+        policy="drafter", budget=1, depth=1, max_new_tokens=max_new_tokens, eos_id=eos_id
+    )
     return list(map(int, gen.generate(teacher, None, prompt, spec).tokens))
 
 
 def test_equals_per_prompt_plain_decoding_across_a_window(teacher):
     rng = np.random.default_rng(0)
     # Lengths 1 (nothing to prefill), short, and 240 (decoding crosses the 256-slot window).
-    prompts = [[7], rng.integers(0, CFG.vocab_size, 13).tolist(),
-               rng.integers(0, CFG.vocab_size, 240).tolist()]
+    prompts = [
+        [7],
+        rng.integers(0, CFG.vocab_size, 13).tolist(),
+        rng.integers(0, CFG.vocab_size, 240).tolist(),
+    ]
     got = greedy_batch(teacher, prompts, 30, eos_id=-7)  # an id never produced: no early stop
     want = [plain(teacher, p, 30, -7) for p in prompts]
     assert got == want

@@ -3,7 +3,8 @@
 
 * :class:`SpecConfig`: the frozen settings of a run (tree policy, budget, acceptance).
 * :class:`Teacher`: a model config plus its prepared parameters.
-* :func:`generate`, :func:`generate_batch`, :func:`sample_many`: decoding entry points.
+* :func:`generate`, :func:`generate_batch`, :func:`sample_many`: decoding entry points;
+  :func:`greedy_batch`: plain greedy decoding of many prompts at once (the corpus path).
 * :class:`Drafter`, :class:`DraftContext`, :class:`Proposal`: the drafter protocol.
 * :class:`CostCorrection`: the controller's latency curve corrected from measured times.
 """
@@ -19,6 +20,7 @@ from eaglepangu_jax.engine.decode import (
     result_from_state,
 )
 from eaglepangu_jax.engine.drafter import DraftContext, Drafter, Proposal
+from eaglepangu_jax.engine.plain_batch import greedy_batch
 from eaglepangu_jax.engine.sampling import sample_many
 from eaglepangu_jax.engine.state import DecodeState
 
@@ -35,6 +37,7 @@ __all__ = [
     "Teacher",
     "generate",
     "generate_batch",
+    "greedy_batch",
     "result_from_state",
     "sample_many",
 ]

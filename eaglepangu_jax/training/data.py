@@ -31,8 +31,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from eaglepangu_jax import cache as cache_lib
-from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.decode import Teacher, generate_batch, prefill
+from eaglepangu_jax.engine.decode import Teacher, prefill
+from eaglepangu_jax.engine.plain_batch import greedy_batch
 from eaglepangu_jax.files import atomic_write, sha256_file
 
 __all__ = [
@@ -129,12 +129,11 @@ def generate_shard(
     teacher: Teacher, prompts: Sequence[Sequence[int]], settings: DataSettings
 ) -> Shard:
     """Greedy answers for ``prompts`` (one batch) and the features of each full sequence."""
-    spec = SpecConfig(policy="drafter", budget=1, depth=1, max_new_tokens=settings.max_new_tokens)
-    results = generate_batch(teacher, None, [list(p) for p in prompts], spec)
+    answers = greedy_batch(teacher, [list(p) for p in prompts], settings.max_new_tokens)
     tokens, feats, prompt_lens = [], [], []
     cfg = teacher.config
-    for prompt, result in zip(prompts, results):
-        seq = np.asarray(list(prompt) + list(result.tokens), np.int32)
+    for prompt, answer in zip(prompts, answers):
+        seq = np.asarray(list(prompt) + answer, np.int32)
         slots = -(-len(seq) // 64) * 64
         kv = cache_lib.init(
             cfg.num_layers, slots, cfg.num_kv_heads, cfg.head_dim, teacher.params["embed"].dtype
