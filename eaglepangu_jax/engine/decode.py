@@ -85,7 +85,11 @@ def window_for(needed: int, capacity: int) -> int:
     return min(w, capacity)
 
 
-CAPACITY_BUCKET = 256
+# Two windows' worth: a short prompt and a longer one (a HumanEval turn of ~180 tokens plus
+# 96 new ones) then share one cache shape, so the longer one reuses every program compiled at
+# the 256-slot window and compiles only the 512-slot one. With 256 the two shapes differed and
+# each recompiled everything. The unused slots cost memory only: the loop reads the window.
+CAPACITY_BUCKET = 512
 
 
 def needed_slots(prompt_len: int, spec: SpecConfig) -> int:
