@@ -248,12 +248,69 @@ save(fig, "03_throughput")
 plt.show()
 
 # %% [markdown]
+# ## 7. A draft model's own cache: rolled back and refilled every round
+#
+# The draft-target scheme drafts with an independent small LM that keeps its *own* KV cache
+# (here the training-free draft: the teacher's first 28 of 30 layers with its final norm and
+# head). Each round the draft writes its guesses into scratch slots past its committed length;
+# after verification its cache is rolled back *by length* to the tokens committed before the
+# round, exactly as the teacher's, and the tokens the round emitted (the accepted ones and the
+# teacher's bonus token) are fed in one forward to refill it. Its logits at the new last token
+# seed the next round.
+#
+# We step the engine one round at a time (`speculative_step`, the function the on-device loop
+# runs) and, after every round, rebuild the draft cache from scratch on the committed tokens:
+# the rolled-back-and-refilled cache must equal it. `rolled back` lists the drafted tokens the
+# teacher rejected: their K/V were written, then dropped by the rollback.
+
+# %%
+import jax
+
+from eaglepangu_jax.drafters.draft_target import load_draft_target
+from eaglepangu_jax.engine.decode import cache_slots, init_state
+from eaglepangu_jax.engine.step import StepStatic, catch_up, speculative_step
+
+dt_drafter, dt_params = load_draft_target(raw_params, budget=3, depth=3, top_k=1)
+dt_spec = SpecConfig(policy="drafter", budget=3, depth=3, max_new_tokens=24)
+dt_prompt = encode_chat(tokenizer, [{"role": "user", "content": PROMPTS["code"]}])
+capacity = cache_slots(len(dt_prompt), dt_spec, config.max_position)
+state = init_state(
+    teacher, dt_drafter, dt_params, dt_prompt, dt_spec, capacity=capacity, key=jax.random.key(0)
+)
+static = StepStatic(teacher=config, drafter=dt_drafter, spec=dt_spec, window=capacity)
+step = jax.jit(speculative_step, static_argnums=0)
+text = lambda ids: repr(tokenizer.decode([int(t) for t in ids]))  # noqa: E731
+
+print(" round  draft cache  drafted -> accepted | rolled back | emitted | max |K - rebuilt|")
+for r in range(8):
+    before = int(state.num_tokens)
+    state, info = step(static, teacher.params, dt_params, state)
+    drafted = np.asarray(info.tree.tokens)[1 : 1 + dt_spec.depth]
+    n = int(info.acceptance.length)
+    after = int(state.num_tokens)
+    ours = catch_up(static, dt_params, state).drafter_state
+    fresh = dt_drafter.init_state(dt_params, state.context(dt_spec.draft_window))
+    gap = max(
+        float(np.max(np.abs(np.asarray(ours.cache.k[:, :after] - fresh.cache.k[:, :after])))),
+        float(np.max(np.abs(np.asarray(ours.cache.v[:, :after] - fresh.cache.v[:, :after])))),
+    )
+    print(
+        f"{r:6d}  {before:4d} -> {int(ours.cache.length):4d}  {text(drafted):>24s} -> {n} "
+        f"| {text(drafted[n:]):>18s} | {text(np.asarray(state.tokens)[before:after]):>22s} "
+        f"| {gap:.1e}"
+    )
+    assert int(ours.cache.length) == int(fresh.cache.length) == after  # the root included
+    assert gap < 1e-4, "the rolled-back draft cache differs from one rebuilt from scratch"
+
+# %% [markdown]
 # ## Summary
 #
 # * Each round verifies a whole tree in one forward and emits its accepted path plus a bonus
 #   token; the output is identical to greedy decoding.
 # * The accepted length measures how well the drafter predicts the teacher; the speed-up also
 #   depends on what the bigger forward costs on this hardware.
+# * A draft model with its own cache needs no special rollback: its committed length simply
+#   does not advance over rejected drafts, and the emitted tokens refill it in one forward.
 #
 # Try it yourself: change `PROMPTS`, or the tree shape (`BUDGET`, `DEPTH`). The command line
 # does the same with `eaglepangu generate "..." --drafter ngram`.
