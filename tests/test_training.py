@@ -41,13 +41,13 @@ def test_pipeline_skips_present_shards_and_regenerates_corrupt_ones(
     tiny_teacher, tmp_path, monkeypatch
 ):
     calls = []
-    real = data_lib.generate_batch
+    real = data_lib.greedy_batch
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(data_lib, "generate_batch", counting)
+    monkeypatch.setattr(data_lib, "greedy_batch", counting)
     prompts = [[1, 5, 6], [1, 7], [1, 9, 10, 11]]
     settings = data_lib.DataSettings(feature_layers=(0, 2), max_new_tokens=3, shard_size=2)
     keys = data_lib.build_dataset(

@@ -191,8 +191,10 @@ def prefill(
             window=window,
         )
         kv = cache_lib.truncate(kv, begin + real)
-        feats.append(f[:real])
-    return kv, jnp.concatenate(feats, axis=0)
+        # Cut on the host: a device slice or concatenation of a prompt-length shape compiles
+        # once per prompt length (dozens of small compilations per new prompt).
+        feats.append(np.asarray(f)[:real])
+    return kv, jnp.asarray(np.concatenate(feats, axis=0))
 
 
 def init_state(
@@ -308,14 +310,32 @@ def state_after_prefill(
         # The drafter's own cache is built from the features of the *whole* prompt (EAGLE
         # heads need long-range context), not only the last depth + 1 rows the loop carries.
         context = state.context(spec.draft_window)
-        if prefill_features.shape[0] > 0:  # a one-token prompt has none
+        rows = prefill_features.shape[0]
+        if rows > 0:  # a one-token prompt has none
+            # Padded to a power of two (>= 64 rows; the drafters read only ``num_features``)
+            # so that the jitted init compiles once per bucket, not once per prompt length.
+            padded = np.zeros((_feature_bucket(rows), *prefill_features.shape[1:]))
+            padded = padded.astype(prefill_features.dtype)
+            padded[:rows] = np.asarray(prefill_features)
             context = dataclasses.replace(
-                context,
-                features=prefill_features,
-                num_features=jnp.int32(prefill_features.shape[0]),
+                context, features=jnp.asarray(padded), num_features=jnp.int32(rows)
             )
-        state = dataclasses.replace(state, drafter_state=drafter.init_state(draft_params, context))
+        state = dataclasses.replace(
+            state, drafter_state=_init_drafter(drafter, draft_params, context)
+        )
     return state
+
+
+def _feature_bucket(rows: int) -> int:
+    bucket = PREFILL_CHUNK
+    while bucket < rows:
+        bucket *= 2
+    return bucket
+
+
+@jax.jit(static_argnums=0)
+def _init_drafter(drafter: Any, draft_params: Any, context: Any) -> Any:
+    return drafter.init_state(draft_params, context)
 
 
 _run = jax.jit(run_rounds, static_argnums=(0,), donate_argnums=(3,))
