@@ -416,6 +416,36 @@ for label, text in prompts.items():
     assert spec_run.tokens == plain.tokens, "the controller must not change the output"
 
 # %% [markdown]
+# ### Costs corrected online
+#
+# The latency curve is one measurement of one moment; the machine's load changes, and the
+# engine's loop has per-round costs the verify forward alone does not show. So the engine
+# also corrects the curve from what it measures: after each on-device segment (one
+# attention window of the loop) the host knows the segment's wall time and how many plain
+# and speculative rounds ran, and `CostCorrection` fits two scale factors, `a` for a plain
+# step and `b` for a speculative round (`engine/costs.py`). Keep one per method across calls.
+#
+# Here the engine gets a curve that believes the machine is twice as fast as it is (every
+# latency halved), and the correction finds the factor from the measured segments. A segment
+# whose program compiled during the call is skipped, so the first call teaches nothing.
+
+# %%
+from eaglepangu_jax.engine import CostCorrection  # noqa: E402
+
+correction = CostCorrection()
+ids = encode_chat(tok, [{"role": "user", "content": prompts["free-form"]}])
+optimistic = verify_curve * 0.5
+for call in range(4):
+    generate(teacher, ngram, ids, spec, verify_latency=optimistic, correction=correction)
+    a, b = correction.scales
+    print(
+        f"call {call + 1}: {correction.segments} segment(s) learned from, plain-step scale "
+        f"a = {a:.2f}, speculative-round scale b = {b:.2f}"
+    )
+# Without learning a would stay at 1; the halved curve has to be scaled back up.
+assert correction.segments >= 2 and a > 1.3
+
+# %% [markdown]
 # ## Summary
 #
 # * A(N) from best-first path scores is concave: each node adds less than the one before.
@@ -426,6 +456,8 @@ for label, text in prompts.items():
 # * Before drafting at all, the controller weighs expected tokens per second with and without
 #   speculation, with acceptance learned online; a drafter that never matches is found out
 #   within a few rounds and retried only by exploration probes.
+# * The latency curve itself is corrected online from measured segment times
+#   (`CostCorrection`), so a stale or optimistic calibration is found out too.
 #
 # In the engine, `SpecConfig(policy="auto")` (the default) applies these rules every round
 # (with `budget` as the ceiling), fed by a verify-latency curve; the command line measures
