@@ -365,3 +365,73 @@ def test_shipped_block_drafter_on_real_teacher_is_lossless():
     out = generate(teacher, drafter, prompt, spec, draft_params=dparams)
     assert out.tokens == plain.tokens
     assert out.stats.accepted_length > 1.0
+
+
+# ------------------------------------------------------------------ per-depth calibration
+
+
+def test_depth_temperature_rescales_marginals_and_keeps_the_argmax(tiny):
+    _, cfg, params = tiny
+    drafter = block.BlockDrafter(config=cfg)
+    ctx = _context(cfg)
+    raw = np.asarray(_marginals(drafter, params, ctx))
+    temperature = np.asarray([1.0, 2.0, 0.5, 3.0], np.float32)
+    scaled = np.asarray(
+        _marginals(drafter, block.with_depth_temperature(params, cfg, temperature), ctx)
+    )
+    d2t = np.asarray(params["d2t"])
+    for i, t in enumerate(temperature):
+        # raw[i] at the draft ids is log_softmax(z); log_softmax(z / t) follows from it alone
+        z = raw[i, d2t] / t
+        expected = z - np.logaddexp.reduce(z)
+        np.testing.assert_allclose(scaled[i, d2t], expected, atol=1e-5)
+        assert np.argmax(scaled[i]) == np.argmax(raw[i])
+    with pytest.raises(ValueError, match="one entry per block slot"):
+        block.with_depth_temperature(params, cfg, [1.0, 2.0])
+    with pytest.raises(ValueError, match="finite and > 0"):
+        block.with_depth_temperature(params, cfg, [1.0, 0.0, 1.0, 1.0])
+
+
+def test_temperature_fit_recovers_known_temperatures():
+    """Targets sampled from softmax(z / T) with T = 1 and 2.5: the held-out NLL over the
+    grid is lowest within ~10% of the true inverse temperature."""
+    rng = np.random.default_rng(0)
+    n, v = 4000, 12
+    true_t = np.asarray([1.0, 2.5])
+    logits = rng.normal(0.0, 2.0, size=(n, 2, v)).astype(np.float32)
+    p = np.exp(logits / true_t[None, :, None])
+    p /= p.sum(-1, keepdims=True)
+    targets = np.stack([[rng.choice(v, p=p[k, i]) for i in range(2)] for k in range(n)]).astype(
+        np.int32
+    )
+    valid = np.ones((n, 2), bool)
+    betas = jnp.asarray(train_block.INVERSE_TEMPERATURES, jnp.float32)
+    nll, confidence, hit = train_block.temperature_statistics(
+        jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(valid), betas
+    )
+    best = train_block.INVERSE_TEMPERATURES[np.argmin(np.asarray(nll), axis=0)]
+    np.testing.assert_allclose(1.0 / best, true_t, rtol=0.1)
+    assert confidence.shape == (len(betas), n, 2) and hit.shape == (n, 2)
+
+
+def test_calibration_error_literal():
+    # bin 0.9: accuracy 0.5 vs confidence 0.9; bin 0.1: accuracy 0 vs 0.1; each half the mass
+    err = train_block.calibration_error(np.asarray([0.9, 0.9, 0.1, 0.1]), np.asarray([1, 0, 0, 0]))
+    assert err == pytest.approx(0.5 * 0.4 + 0.5 * 0.1)
+    assert train_block.calibration_error(np.asarray([0.25, 0.75]), np.asarray([0, 1])) == (
+        pytest.approx(0.25)
+    )
+
+
+def test_fit_depth_temperatures_never_worsens_the_held_out_nll():
+    cfg, vocab, batches, embed = _fake_setup()
+    head = block.init_head(cfg, jax.random.key(0), embed=embed, d2t=vocab.d2t)
+    report = train_block.fit_depth_temperatures(head, cfg, embed, batches)
+    assert len(report["depth_temperature"]) == cfg.block_size
+    assert all(t > 0 and np.isfinite(t) for t in report["depth_temperature"])
+    # beta = 1 is on the grid, so the fitted NLL is at most the raw one at every depth
+    assert all(a <= b + 1e-6 for a, b in zip(report["nll_after"], report["nll_before"]))
+    assert report["predictions"] > 0
+    block.with_depth_temperature(
+        block.make_params(head, embed, vocab.d2t), cfg, report["depth_temperature"]
+    )

@@ -150,3 +150,53 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
     wrong = dataclasses.replace(head_cfg, intermediate_size=head_cfg.intermediate_size + 1)
     with pytest.raises(ValueError, match="shape"):
         checkpoint_lib.load_checkpoint(path, fingerprint=FP, config=wrong)
+
+
+def test_eagle3_evaluation_literal_chains(monkeypatch):
+    """Held-out chains on a literal case: a fake head that misses where we say so."""
+    depth, vd, t = 2, 16, 8
+    targets = np.asarray([[-1, -1, 5, 6, 7, -1, 9, -1]], np.int32)  # slot 5 out of vocab
+    batches = train_lib.Batches(
+        tokens=np.asarray([[1, 2, 5, 6, 7, 12, 9, 0]], np.int32),
+        targets=targets,
+        features=np.zeros((1, t, 1, 4), np.float16),
+        prompt_lens=np.asarray([2], np.int32),
+        lengths=np.asarray([7], np.int32),
+    )
+    wrong = {(0, 1), (1, 0)}  # (step, start) pairs the fake head gets wrong
+    padded = np.concatenate([targets[0], np.full(depth + 2, -1)])
+    logits = np.zeros((depth, t, vd), np.float32)
+    for i in range(depth):
+        for s in range(t):
+            tgt = padded[s + i + 2]
+            guess = 0 if tgt < 0 else (tgt + 1) % vd if (i, s) in wrong else tgt
+            logits[i, s, guess] = 10.0
+    monkeypatch.setattr(train_lib.eagle3, "ttt_logits", lambda *a, **k: jax.numpy.asarray(logits))
+    report = train_lib.evaluate({}, None, np.zeros((vd, 4)), batches, depth=depth)
+    # chains start at s = 0..4 (first draft s + 2 is an answer slot before the end): step 0
+    # is right at s = 0, 2, 4 (s = 1 wrong, s = 3 out of vocab); no chain survives step 1.
+    np.testing.assert_allclose(report["chain"], [3 / 5, 0.0])
+    assert report["chain_accepted_length"] == pytest.approx(1.6)
+    assert report["anchors"] == 5
+    # step 0 has in-vocabulary targets at s = 0, 1, 2, 4; step 1 at s = 0, 1, 3
+    np.testing.assert_allclose(report["accuracy"], [3 / 4, 2 / 3])
+
+
+def test_eagle3_evaluation_agrees_with_the_training_accuracy():
+    """The held-out step accuracies use the same alignment as the training loss."""
+    head_cfg, _, batches, embed = _fake_setup()
+    head = eagle3.init_head(head_cfg, jax.random.key(5), embed=jax.numpy.asarray(embed))
+    report = train_lib.evaluate(head, head_cfg, embed, batches, depth=3, chunk=3)
+    _, accs = train_lib.batch_loss(
+        head,
+        head_cfg,
+        jax.numpy.asarray(embed, jax.numpy.float32),
+        jax.numpy.asarray(batches.features),
+        jax.numpy.asarray(batches.tokens),
+        jax.numpy.asarray(batches.targets),
+        3,
+    )
+    np.testing.assert_allclose(report["accuracy"], np.asarray(accs), atol=1e-6)
+    chain = np.asarray(report["chain"])
+    assert np.all(np.diff(chain) <= 0) and 0 <= chain[0] <= 1
+    assert report["chain_accepted_length"] == pytest.approx(1 + chain.sum())

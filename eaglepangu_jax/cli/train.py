@@ -15,7 +15,6 @@ from eaglepangu_jax.cli import errors
 from eaglepangu_jax.drafters import block, eagle3
 from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
-from eaglepangu_jax.training import train_block
 from eaglepangu_jax.training.train import KINDS, TrainConfig, make_batches, train
 
 __all__ = ["train_draft_main"]
@@ -64,8 +63,8 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
         "--eval-every",
         type=int,
         default=100,
-        help="block with --holdout-shards: evaluate every N steps and export "
-        "the head with the longest held-out chain accepted length",
+        help="with held-out shards (--holdout-shards, or a corpus's held-out split): evaluate "
+        "every N steps and export the head with the longest held-out chain accepted length",
     )
     parser.add_argument("--ttt-steps", type=int, default=3, help="eagle3: unrolled steps")
     parser.add_argument("--block-size", type=int, default=8, help="block: slots per block (D)")
@@ -149,7 +148,7 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     history: list[dict[str, Any]] = []
 
     def monitor(step: int, head: dict) -> None:
-        report = train_block.evaluate(head, head_cfg, params["embed"], held_batches)
+        report = KINDS[args.kind].evaluate(head, head_cfg, params["embed"], held_batches)
         history.append(
             {
                 "step": step,
@@ -169,7 +168,7 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         if not best or report["chain_accepted_length"] > best["report"]["chain_accepted_length"]:
             best.update(step=step, head=head, report=report)
 
-    evaluating = bool(held) and args.kind == "block"
+    evaluating = bool(held)
     held_batches = make_batches(held, vocab, args.seq_len) if evaluating else None
     t_train = time.time()
     head, losses = train(
@@ -201,6 +200,13 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             held_out_history=history,
         )
         print(f"exporting step {best['step']}; held-out:", json.dumps(best["report"]))
+    if best and args.kind == "block":
+        # Its marginals feed the tree policies and the controller as acceptance estimates.
+        from eaglepangu_jax.training.train_block import fit_depth_temperatures
+
+        calibration = fit_depth_temperatures(head, head_cfg, params["embed"], held_batches)
+        extra["calibration"] = calibration
+        print("per-depth calibration on the held-out split:", json.dumps(calibration))
     if args.export:
         save_checkpoint(
             args.export,

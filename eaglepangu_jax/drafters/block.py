@@ -62,6 +62,7 @@ __all__ = [
     "BlockState",
     "init_head",
     "make_params",
+    "with_depth_temperature",
     "load_shipped_block",
     "context_stream",
     "context_kv",
@@ -301,11 +302,34 @@ class BlockDrafter(FeatureHeadDrafter):
             position[None],
             last[None],
         )[0, : self.depth]
+        temperature = params.get("depth_temperature")
+        if temperature is not None:  # per-depth calibration (absent: the raw marginals)
+            logits = logits / temperature[: self.depth, None]
         return Proposal(
             marginals=teacher_marginals(
                 safe_log_softmax(logits), params["d2t"], cfg.teacher_vocab_size
             )
         )
+
+
+def with_depth_temperature(params: dict, config: BlockConfig, temperature) -> dict:
+    """``params`` whose marginals at depth ``i`` are ``softmax(logits / temperature[i])``.
+
+    The block drafter is trained with hard targets and grows overconfident, most at the deep
+    slots; the tree policies and the controller read its marginals as acceptance
+    probabilities, so they are rescaled by temperatures fitted on held-out data
+    (:func:`eaglepangu_jax.training.train_block.fit_depth_temperatures`). A temperature keeps
+    every argmax, so the top-1 chain is unchanged.
+    """
+    temperature = jnp.asarray(temperature, jnp.float32)
+    if temperature.shape != (config.block_size,):
+        raise ValueError(
+            f"depth_temperature must have one entry per block slot ({config.block_size}), "
+            f"got shape {temperature.shape}"
+        )
+    if not bool(jnp.all(jnp.isfinite(temperature) & (temperature > 0))):
+        raise ValueError(f"depth_temperature must be finite and > 0, got {temperature}")
+    return {**params, "depth_temperature": temperature}
 
 
 # -------------------------------------------------------------------------------- shipping
@@ -334,6 +358,10 @@ def load_shipped_block(
 
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
-    config, head, d2t, embed = load_packaged(SHIPPED_NAME, "block", teacher_params)
+    config, head, d2t, embed, meta = load_packaged(SHIPPED_NAME, "block", teacher_params)
     drafter = BlockDrafter(config=config, depth=depth)
-    return drafter, make_params(head, embed, d2t)
+    params = make_params(head, embed, d2t)
+    temperature = meta.get("calibration", {}).get("depth_temperature")
+    if temperature is not None:
+        params = with_depth_temperature(params, config, temperature)
+    return drafter, params

@@ -275,6 +275,6 @@ def load_shipped_eagle3(
     """
     from eaglepangu_jax.drafters.shipped import load_packaged
 
-    config, head, d2t, embed = load_packaged(SHIPPED_NAME, "eagle3", teacher_params)
+    config, head, d2t, embed, _ = load_packaged(SHIPPED_NAME, "eagle3", teacher_params)
     drafter = Eagle3Drafter(config=config, budget=budget, depth=depth, top_k=top_k)
     return drafter, make_params(head, embed, d2t)

@@ -48,6 +48,7 @@ __all__ = [
     "make_batches",
     "sequence_loss",
     "batch_loss",
+    "evaluate",
     "lr_schedule",
     "make_optimizer",
     "batch_indices",
@@ -158,6 +159,85 @@ def batch_loss(head, config, embed, features, tokens, targets, steps):
     return loss, jnp.stack(accs)
 
 
+def evaluate(
+    head: dict,
+    config: eagle3.Eagle3Config,
+    embed,
+    batches: Batches,
+    *,
+    depth: int = 6,
+    chunk: int = 4,
+) -> dict[str, Any]:
+    """Held-out figures of an EAGLE-3 head, offline, from teacher-forced greedy continuations.
+
+    A chain starts at every slot ``s`` whose first drafted token ``s + 2`` is an answer token
+    (the teacher has verified up to ``s`` and emitted ``s + 1``, the bonus token). Step ``i``
+    drafts ``s + i + 2`` from the head's own earlier hidden states and the true tokens, which is
+    what the engine feeds while every earlier draft was accepted. A target outside the draft
+    vocabulary, or past the sequence's end, is a miss.
+
+    Returns:
+      ``accuracy[i]``: top-1 accuracy of step ``i`` over its in-vocabulary targets;
+      ``chain[i]``: share of chains whose top-1 drafts are right at every step ``<= i``;
+      ``chain_accepted_length``: ``1 + sum(chain)``, the accepted length a single top-1 chain
+      of ``depth`` drafts reaches (bonus token included); ``nll``: mean per step; ``loss``:
+      the training loss's step-weighted sum of the first ``min(depth, 3)`` ``nll``;
+      ``anchors``: chains evaluated.
+    """
+    embed = jnp.asarray(embed, jnp.float32)
+    t = batches.tokens.shape[1]
+
+    @jax.jit
+    def scores(features, tokens, targets):
+        def one(f, tk, tg):
+            logits = eagle3.ttt_logits(head, config, embed, f.astype(jnp.float32), tk, depth)
+            logp = jax.nn.log_softmax(logits, axis=-1)  # [K, T, Vd]
+            padded = jnp.concatenate([tg, jnp.full((depth + 2,), -1, jnp.int32)])
+            shifted = jnp.stack([padded[i + 2 : i + 2 + t] for i in range(depth)])  # [K, T]
+            valid = shifted >= 0
+            picked = jnp.take_along_axis(logp, jnp.maximum(shifted, 0)[..., None], axis=-1)
+            hit = valid & (jnp.argmax(logits, axis=-1) == shifted)
+            return jnp.where(valid, picked[..., 0], 0.0), hit, valid
+
+        return jax.vmap(one)(features, tokens, targets)
+
+    nll, hits, counts = np.zeros(depth), np.zeros(depth), np.zeros(depth)
+    chain, num_chains = np.zeros(depth), 0
+    starts = np.arange(t)
+    for begin in range(0, batches.tokens.shape[0], chunk):
+        sl = slice(begin, begin + chunk)
+        picked, hit, valid = (
+            np.asarray(x)
+            for x in scores(
+                jnp.asarray(batches.features[sl]),
+                jnp.asarray(batches.tokens[sl]),
+                jnp.asarray(batches.targets[sl]),
+            )
+        )
+        # a chain starts where its first draft is an answer slot of the row
+        live = (starts[None, :] + 2 >= batches.prompt_lens[sl, None]) & (
+            starts[None, :] + 2 < batches.lengths[sl, None]
+        )  # [B, T]
+        nll -= picked.sum(axis=(0, 2))
+        hits += hit.sum(axis=(0, 2))
+        counts += valid.sum(axis=(0, 2))
+        run = np.cumprod(np.moveaxis(hit, 1, -1), axis=-1)  # [B, T, K]
+        chain += run[live].sum(axis=0)
+        num_chains += int(live.sum())
+    counts = np.maximum(counts, 1)
+    chain = chain / max(num_chains, 1)
+    trained = min(depth, 3)
+    weights = STEP_DECAY ** np.arange(trained)
+    return {
+        "accuracy": (hits / counts).tolist(),
+        "nll": (nll / counts).tolist(),
+        "loss": float(np.sum(weights * (nll / counts)[:trained])),
+        "chain": chain.tolist(),
+        "chain_accepted_length": float(1.0 + chain.sum()),
+        "anchors": num_chains,
+    }
+
+
 def lr_schedule(cfg: TrainConfig):
     """Linear warmup to ``learning_rate``, then cosine decay to 5% of it at ``steps``.
 
@@ -208,12 +288,15 @@ class Kind:
       init_head: ``(config, key, *, embed, d2t, final_norm) -> head``.
       arrays: ``(batches, rows, step, train_cfg, config) -> tuple`` of host arrays of a step.
       loss: ``(head, config, embed, arrays, train_cfg) -> (loss, per-depth accuracy)``.
+      evaluate: ``(head, config, embed, held_out_batches) -> report`` with at least ``loss``,
+        ``accuracy`` (per depth) and ``chain_accepted_length`` (model selection).
     """
 
     name: str
     init_head: Callable[..., dict]
     arrays: Callable[..., tuple]
     loss: Callable[..., tuple]
+    evaluate: Callable[..., dict]
 
     @property
     def config_cls(self) -> type:
@@ -229,8 +312,10 @@ def _eagle3_loss(head, config, embed, arrays, cfg):
 
 
 KINDS: dict[str, Kind] = {
-    "eagle3": Kind("eagle3", eagle3.init_head, _eagle3_arrays, _eagle3_loss),
-    "block": Kind("block", block.init_head, train_block.train_arrays, train_block.loss),
+    "eagle3": Kind("eagle3", eagle3.init_head, _eagle3_arrays, _eagle3_loss, evaluate),
+    "block": Kind(
+        "block", block.init_head, train_block.train_arrays, train_block.loss, train_block.evaluate
+    ),
 }
 
 

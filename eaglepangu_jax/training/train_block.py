@@ -39,11 +39,16 @@ __all__ = [
     "sample_windows",
     "all_anchors",
     "block_targets",
+    "sequence_logits",
     "sequence_scores",
     "batch_loss",
     "train_arrays",
     "loss",
     "evaluate",
+    "INVERSE_TEMPERATURES",
+    "temperature_statistics",
+    "calibration_error",
+    "fit_depth_temperatures",
 ]
 
 DEPTH_DECAY = 0.8
@@ -104,6 +109,28 @@ def block_targets(
     return jnp.where(index < t, targets[jnp.minimum(index, t - 1)], -1)
 
 
+def sequence_logits(
+    head: dict,
+    config: block.BlockConfig,
+    embed: Float[Array, "V H"],
+    features: Float[Array, "T F H"],
+    tokens: Int[Array, " T"],
+    anchors: Int[Array, " A"],
+    since: Int[Array, " A"],
+) -> Float[Array, "A D Vd"]:
+    """Draft-vocabulary logits of one block per anchor of one sequence; block ``a`` sees the
+    context positions ``since[a] <= s < anchors[a]``."""
+    t = tokens.shape[0]
+    positions = jnp.arange(t, dtype=jnp.int32)
+    stream = block.context_stream(head, config, features.astype(jnp.float32))
+    ctx_k, ctx_v = block.context_kv(head, config, stream, positions)
+    visible = (positions[None, :] < anchors[:, None]) & (positions[None, :] >= since[:, None])
+    last = jnp.where((anchors > since)[:, None], stream[jnp.maximum(anchors - 1, 0)], 0.0)
+    return block.block_logits(
+        head, config, embed, ctx_k, ctx_v, visible, tokens[anchors], anchors, last
+    )
+
+
 def sequence_scores(
     head: dict,
     config: block.BlockConfig,
@@ -117,15 +144,7 @@ def sequence_scores(
 ) -> tuple[Float[Array, "A D"], Bool[Array, "A D"], Bool[Array, "A D"]]:
     """Per anchor and slot of one sequence: target log-probability, top-1 hit, target valid.
     Block ``a`` sees the context positions ``since[a] <= s < anchors[a]``."""
-    t = tokens.shape[0]
-    positions = jnp.arange(t, dtype=jnp.int32)
-    stream = block.context_stream(head, config, features.astype(jnp.float32))
-    ctx_k, ctx_v = block.context_kv(head, config, stream, positions)
-    visible = (positions[None, :] < anchors[:, None]) & (positions[None, :] >= since[:, None])
-    last = jnp.where((anchors > since)[:, None], stream[jnp.maximum(anchors - 1, 0)], 0.0)
-    logits = block.block_logits(
-        head, config, embed, ctx_k, ctx_v, visible, tokens[anchors], anchors, last
-    )  # [A, D, Vd]
+    logits = sequence_logits(head, config, embed, features, tokens, anchors, since)
     tgt = block_targets(targets, anchors, config.block_size)
     valid = (tgt >= 0) & ok[:, None]
     logp = jax.nn.log_softmax(logits, axis=-1)
@@ -235,4 +254,120 @@ def evaluate(
         "chain": chain.tolist(),
         "chain_accepted_length": float(1.0 + chain.sum()),
         "anchors": num_anchors,
+    }
+
+
+# ------------------------------------------------------------------ per-depth calibration
+
+# Grid of inverse temperatures searched: 2**(-3 .. 2) in steps of 2**(1/16) (~4.4% apart),
+# with beta = 1 (no scaling) exactly on it. The held-out negative log-likelihood of
+# ``softmax(beta * z)`` is convex in ``beta`` (``-beta z_t + lse(beta z)``), so the best grid
+# point is within one step of the optimum.
+INVERSE_TEMPERATURES = 2.0 ** np.linspace(-3.0, 2.0, 81)
+CALIBRATION_BINS = 10
+
+
+def temperature_statistics(
+    logits: Float[Array, "N D Vd"],
+    targets: Int[Array, "N D"],
+    valid: Bool[Array, "N D"],
+    betas: Float[Array, " G"],
+) -> tuple[Float[Array, "G D"], Float[Array, "G N D"], Bool[Array, "N D"]]:
+    """For each inverse temperature ``beta``: the summed NLL per depth of ``softmax(beta z)``
+    over the valid targets, and each prediction's top-1 confidence; plus the top-1 hits."""
+    z_t = jnp.take_along_axis(logits, jnp.maximum(targets, 0)[..., None], axis=-1)[..., 0]
+    hit = valid & (jnp.argmax(logits, axis=-1) == targets)
+    top = jnp.max(logits, axis=-1)
+
+    def one(beta):
+        lse = jax.nn.logsumexp(beta * logits, axis=-1)  # [N, D]
+        nll = jnp.where(valid, lse - beta * z_t, 0.0)
+        return jnp.sum(nll, axis=0), jnp.exp(beta * top - lse)
+
+    nll, confidence = jax.lax.map(one, betas)
+    return nll, confidence, hit
+
+
+def calibration_error(confidence: np.ndarray, hit: np.ndarray, bins: int = CALIBRATION_BINS):
+    """Expected calibration error of top-1 confidences: the mean over equal-width confidence
+    bins of ``|accuracy - mean confidence|``, weighted by the bin's share of predictions."""
+    confidence, hit = np.asarray(confidence, np.float64), np.asarray(hit, np.float64)
+    if confidence.size == 0:
+        return 0.0
+    which = np.minimum((confidence * bins).astype(int), bins - 1)
+    error = 0.0
+    for b in range(bins):
+        sel = which == b
+        if sel.any():
+            error += sel.mean() * abs(hit[sel].mean() - confidence[sel].mean())
+    return float(error)
+
+
+def fit_depth_temperatures(
+    head: dict,
+    config: block.BlockConfig,
+    embed: Float[Array, "V H"],
+    batches: Any,
+    *,
+    chunk: int = 2,
+) -> dict[str, Any]:
+    """Per-depth temperatures that minimise the held-out NLL of the drafter's marginals.
+
+    Every valid anchor of ``batches`` (full context, as the engine drafts) contributes one
+    prediction per slot whose target is in the draft vocabulary. Returns ``depth_temperature``
+    (``[D]``, for :func:`eaglepangu_jax.drafters.block.with_depth_temperature`), the held-out
+    NLL per depth before and after, the expected calibration error of the top-1 confidence per
+    depth before and after, and the predictions counted.
+    """
+    anchors, ok = all_anchors(batches.prompt_lens, batches.lengths)
+    embed = jnp.asarray(embed, jnp.float32)
+    betas = jnp.asarray(INVERSE_TEMPERATURES, jnp.float32)
+    d = config.block_size
+
+    @jax.jit
+    def stats(features, tokens, targets, anchors, ok):
+        logits = jax.vmap(
+            lambda f, tk, an: sequence_logits(head, config, embed, f, tk, an, jnp.zeros_like(an))
+        )(features, tokens, anchors)  # [B, A, D, Vd]
+        tgt = jax.vmap(lambda tg, an: block_targets(tg, an, d))(targets, anchors)
+        valid = (tgt >= 0) & ok[..., None]
+        flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+        return temperature_statistics(flat(logits), flat(tgt), flat(valid), betas) + (flat(valid),)
+
+    nll = np.zeros((len(INVERSE_TEMPERATURES), d))
+    confidences, hits = [], []
+    for begin in range(0, batches.tokens.shape[0], chunk):
+        sl = slice(begin, begin + chunk)
+        part_nll, confidence, hit, valid = (
+            np.asarray(x)
+            for x in stats(
+                jnp.asarray(batches.features[sl]),
+                jnp.asarray(batches.tokens[sl]),
+                jnp.asarray(batches.targets[sl]),
+                jnp.asarray(anchors[sl]),
+                jnp.asarray(ok[sl]),
+            )
+        )
+        nll += part_nll
+        keep = valid.any(axis=-1)  # rows of real anchors
+        confidences.append(np.where(valid, confidence, np.nan)[:, keep])
+        hits.append(np.where(valid, hit, False)[keep])
+    confidence = np.concatenate(confidences, axis=1)  # [G, N, D], NaN where not a target
+    hit = np.concatenate(hits)  # [N, D]
+    counts = np.maximum((~np.isnan(confidence[0])).sum(axis=0), 1)
+    best = np.argmin(nll, axis=0)  # [D]
+    unit = int(np.flatnonzero(INVERSE_TEMPERATURES == 1.0)[0])  # no scaling
+
+    def ece(g: int, i: int) -> float:
+        col = confidence[g, :, i]
+        live = ~np.isnan(col)
+        return calibration_error(col[live], hit[live, i])
+
+    return {
+        "depth_temperature": [float(1.0 / INVERSE_TEMPERATURES[g]) for g in best],
+        "nll_before": (nll[unit] / counts).tolist(),
+        "nll_after": [float(nll[g, i] / counts[i]) for i, g in enumerate(best)],
+        "ece_before": [ece(unit, i) for i in range(d)],
+        "ece_after": [ece(int(g), i) for i, g in enumerate(best)],
+        "predictions": int(counts.sum()),
     }
