@@ -14,6 +14,7 @@ import numpy as np
 from eaglepangu_jax.cli import errors
 from eaglepangu_jax.drafters import block, eagle3
 from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
+from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig, init_from_teacher
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
 from eaglepangu_jax.training.train import KINDS, TrainConfig, make_batches, train
 
@@ -21,7 +22,9 @@ __all__ = ["train_draft_main"]
 
 
 def train_draft_main(argv: Sequence[str] | None = None) -> int:
-    """``train-draft --kind {eagle3,block}``: self-distil data, build the vocab, train, export.
+    """``train-draft --kind {eagle3,block,draft-model}``: self-distil data (or read a corpus),
+    build the vocab, train, export. ``draft-model`` is the distilled draft of draft-target
+    speculation: ``--draft-layers`` Llama layers started from the teacher's first ones.
 
     Both kinds read the same cached shards (same prompts, teacher and tapped layers). With the
     defaults (288 prompts, 128 new tokens) answering the prompts takes ~10-30 min on two shared
@@ -73,6 +76,12 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
         "--anchors", type=int, default=16, help="block: blocks per sequence and step"
     )
     parser.add_argument(
+        "--draft-layers",
+        type=int,
+        default=2,
+        help="draft-model: layers (started from the teacher's first ones)",
+    )
+    parser.add_argument(
         "--context-window",
         type=int,
         default=0,
@@ -88,6 +97,8 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What can be checked before the model loads: the output folders, and a checkpoint
     already at ``--out`` (resumed from, so it must be readable and of this kind)."""
+    if args.draft_layers < 1:
+        parser.error(f"--draft-layers must be >= 1, got {args.draft_layers}")
     if args.holdout_shards < 0:
         parser.error(f"--holdout-shards must be >= 0, got {args.holdout_shards}")
     for option, path in (("--out", args.out), ("--export", args.export)):
@@ -115,6 +126,8 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         head_cfg = block.BlockConfig.for_teacher(
             teacher_cfg, args.vocab_size, block_size=args.block_size, num_layers=args.block_layers
         )
+    elif args.kind == "draft-model":
+        head_cfg = DraftModelConfig.for_teacher(teacher_cfg, args.vocab_size, args.draft_layers)
     else:
         head_cfg = eagle3.Eagle3Config.for_teacher(teacher_cfg, args.vocab_size)
     if args.corpus is not None:
@@ -180,6 +193,9 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         fingerprint=fingerprint,
         checkpoint=args.out,
         final_norm=params["final_norm"],
+        initial_head=(
+            init_from_teacher(head_cfg, params, vocab.d2t) if args.kind == "draft-model" else None
+        ),
         monitor=monitor if evaluating else None,
         monitor_every=args.eval_every,
     )

@@ -22,13 +22,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from eaglepangu_jax.drafters.block_head import BlockConfig
+from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig
 from eaglepangu_jax.drafters.eagle3_head import Eagle3Config
 from eaglepangu_jax.files import atomic_write
 
 __all__ = ["FORMATS", "format_name", "kind_of", "save_checkpoint", "load_checkpoint"]
 
 # Kind name -> head config class (``to_json`` / ``from_json`` / ``head_shapes``).
-FORMATS: dict[str, type] = {"eagle3": Eagle3Config, "block": BlockConfig}
+FORMATS: dict[str, type] = {
+    "eagle3": Eagle3Config,
+    "block": BlockConfig,
+    "draft-model": DraftModelConfig,  # the distilled draft of draft-target speculation
+}
 
 
 def format_name(kind: str) -> str:
@@ -62,7 +67,7 @@ def save_checkpoint(
     dtype: Any = np.float32,
 ) -> None:
     """Write ``path.safetensors`` + ``path.json`` atomically (optimiser state optional);
-    ``config`` (an EAGLE-3 or block config) decides the stored ``format``."""
+    ``config`` (a config class of :data:`FORMATS`) decides the stored ``format``."""
     from safetensors.numpy import save_file
 
     path = Path(path)
@@ -95,7 +100,7 @@ def load_checkpoint(
       path: checkpoint path without suffix (or with either suffix).
       fingerprint: the teacher it must belong to (``None`` skips the check).
       config: the head shape it must have (``None``: the stored one); also fixes the kind.
-      kind: the drafter kind it must hold (``"eagle3"``, ``"block"``; ``None``: any).
+      kind: the drafter kind it must hold (a key of :data:`FORMATS`; ``None``: any).
 
     Raises:
       ValueError: another teacher's checkpoint, another kind, an unknown format, or a weight

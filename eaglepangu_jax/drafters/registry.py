@@ -33,11 +33,12 @@ DRAFTERS: dict[str, type] = {
     "eagle3": Eagle3Drafter,
     "block": BlockDrafter,
     "draft-target": DraftTargetDrafter,  # an independent draft LM (truncated teacher: methods)
+    "draft-distilled": DraftTargetDrafter,  # the same with the shipped distilled draft model
     "mtp": Eagle3Drafter,  # single-token speculation: the EAGLE-3 head at depth 1 (drafters/mtp)
 }
 NAMES: tuple[str, ...] = tuple(DRAFTERS)
 # Drafters whose weights ship with the library (loaded by :func:`load_shipped`).
-TRAINED: tuple[str, ...] = ("eagle3", "block", "mtp")
+TRAINED: tuple[str, ...] = ("eagle3", "block", "mtp", "draft-distilled")
 # Drafters that propose per-depth marginals, which a tree policy shapes (best-first, auto),
 # rather than a ready tree.
 MARGINAL: tuple[str, ...] = ("block",)
@@ -68,13 +69,15 @@ def make_drafter(name: str, **kwargs: Any) -> Any:
 
 
 def load_shipped(name: str, **kwargs: Any) -> tuple[Any, Any]:
-    """A shipped drafter and its weights: ``drafters.<name>.load_shipped_<name>(**kwargs)``.
+    """A shipped drafter and its weights: ``drafters.<name>.load_shipped_<name>(**kwargs)``
+    (``-`` in ``name`` read as ``_``).
 
     Raises:
       DrafterUnavailableError: the drafter module or its shipped weights are missing or
         unreadable (the message says which).
     """
-    module_name = f"eaglepangu_jax.drafters.{name}"
+    ident = name.replace("-", "_")
+    module_name = f"eaglepangu_jax.drafters.{ident}"
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
@@ -83,9 +86,9 @@ def load_shipped(name: str, **kwargs: Any) -> tuple[Any, Any]:
                 f"the {name} drafter is not part of this installation"
             ) from None
         raise DrafterUnavailableError(f"the {name} drafter cannot be imported: {err}") from err
-    loader = getattr(module, f"load_shipped_{name}", None)
+    loader = getattr(module, f"load_shipped_{ident}", None)
     if loader is None:
-        raise DrafterUnavailableError(f"the {name} module has no load_shipped_{name}()")
+        raise DrafterUnavailableError(f"the {name} module has no load_shipped_{ident}()")
     try:
         return loader(**kwargs)
     except (ImportError, OSError, ValueError, KeyError) as err:

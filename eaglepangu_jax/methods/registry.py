@@ -45,12 +45,14 @@ __all__ = [
     "load_eagle3",
     "load_block",
     "DRAFT_TARGET",
+    "DRAFT_DISTILLED",
     "load_truncated_draft",
     "make_method",
 ]
 
 REFERENCE = "greedy"
 DRAFT_TARGET = "draft-target"  # built on the real teacher, truncated (load_truncated_draft)
+DRAFT_DISTILLED = "draft-distilled"  # the shipped distilled draft model, same drafter
 # Peers: other implementations decoding the same GGUF file, run beside ours; the value is the
 # prompt-lookup candidate count (None: plain greedy).
 PEER_METHODS = {"transformers-greedy": None, "transformers-pld": peers.PROMPT_LOOKUP_TOKENS}
@@ -195,6 +197,12 @@ def make_method(
         if default_depth:
             spec = dataclasses.replace(spec, depth=draft_target.DEFAULT_DEPTH)
         drafter, params = load_truncated_draft(spec)
+    elif name == DRAFT_DISTILLED:
+        drafter, params = load_shipped(name)
+        if default_depth:
+            spec = dataclasses.replace(spec, depth=drafter.depth)
+        sampled = dict(temperature=spec.temperature, top_p=spec.top_p) if spec.sampling else {}
+        drafter = dataclasses.replace(drafter, budget=spec.budget, depth=spec.depth, **sampled)
     else:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
     if spec.depth > drafter.max_depth:

@@ -23,6 +23,11 @@ is a static shape: one compilation per bucket.
   are read in place, a decode step streams them once (near the memory-bandwidth floor);
   compiling takes ~L times longer. Use it for anything repeated.
 
+**A head over part of the vocabulary.** Prepared params may carry ``vocab_ids`` ``[K]`` with
+``lm_head`` ``[H, K]``: the model then scores only those ``K`` tokens and every other logit is
+``-inf`` (a distilled draft model's head: its cost per token is a ``K``-column product, not
+the teacher's ``V``-column one).
+
 Precision: matrix products run in the parameter dtype (float32, or bfloat16 for half the
 memory traffic); RMSNorm, rotary embedding, attention scores and softmax run in float32;
 logits are returned as float32.
@@ -358,10 +363,14 @@ def _outputs(params, x, taps, feature_layers, config):
     else:
         features = jnp.zeros((x.shape[0], 0, config.hidden_size), x.dtype)
     logits = _lm_head(rms_norm(x, params["final_norm"], config.rms_norm_eps), params)
+    if "vocab_ids" in params:
+        # The head scores only these tokens: the rest can never be proposed.
+        full = jnp.full((x.shape[0], config.vocab_size), -jnp.inf, jnp.float32)
+        logits = full.at[:, params["vocab_ids"]].set(logits)
     return logits, features
 
 
-def _lm_head(h: Float[Array, "T H"], params: dict) -> Float[Array, "T V"]:
+def _lm_head(h: Float[Array, "T H"], params: dict) -> Float[Array, "T K"]:
     if "lm_head" in params:
         logits = h @ params["lm_head"]
     else:

@@ -14,6 +14,7 @@ the sha256 of (the corpus shard's own sha256, the teacher fingerprint, the tappe
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -131,22 +132,19 @@ def shard_features(
     batch_size: int = 8,
 ) -> data_lib.Shard:
     """The training shard (ids + features) of a corpus shard, from the cache or computed and
-    cached (atomically; a corrupt entry is recomputed)."""
+    cached (atomically; a corrupt entry is recomputed). With no ``feature_layers`` (a drafter
+    that reads tokens only) the features are empty and nothing runs or is cached."""
+    if not feature_layers:
+        return _ids_only(shard, teacher.config.hidden_size)
     cache_dir = Path(cache_dir)
     key = features_key(shard_sha256, fingerprint, feature_layers)
     cached = data_lib.load_shard(cache_dir, key)
     if cached is not None:
         return cached
-    prompts, answers = shard.prompts(), shard.answers()
-    sequences = [p + a for p, a in zip(prompts, answers)]
+    sequences = [p + a for p, a in zip(shard.prompts(), shard.answers())]
     feats = sequence_features(teacher, sequences, feature_layers, batch_size=batch_size)
-    offsets = np.zeros(len(sequences) + 1, np.int64)
-    offsets[1:] = np.cumsum([len(s) for s in sequences])
-    out = data_lib.Shard(
-        tokens=np.concatenate([np.asarray(s, np.int32) for s in sequences]),
-        offsets=offsets,
-        prompt_lens=np.asarray([len(p) for p in prompts], np.int32),
-        features=np.concatenate(feats, axis=0),
+    out = dataclasses.replace(
+        _ids_only(shard, teacher.config.hidden_size), features=np.concatenate(feats, axis=0)
     )
     cache_dir.mkdir(parents=True, exist_ok=True)
     data_lib.save_shard(
@@ -156,3 +154,17 @@ def shard_features(
         {"corpus_shard": shard_sha256, "teacher": fingerprint, "version": FEATURES_VERSION},
     )
     return out
+
+
+def _ids_only(shard: CorpusShard, hidden_size: int) -> data_lib.Shard:
+    """The shard's prompt + answer ids as a training shard with empty ``[N, 0, H]`` features."""
+    prompts, answers = shard.prompts(), shard.answers()
+    sequences = [p + a for p, a in zip(prompts, answers)]
+    offsets = np.zeros(len(sequences) + 1, np.int64)
+    offsets[1:] = np.cumsum([len(s) for s in sequences])
+    return data_lib.Shard(
+        tokens=np.concatenate([np.asarray(s, np.int32) for s in sequences]),
+        offsets=offsets,
+        prompt_lens=np.asarray([len(p) for p in prompts], np.int32),
+        features=np.zeros((int(offsets[-1]), 0, hidden_size), np.float16),
+    )

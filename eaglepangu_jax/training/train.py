@@ -1,8 +1,10 @@
-"""Training loop of the draft heads (EAGLE-3, block): AdamW, atomic resumable checkpoints.
+"""Training loop of the draft heads (EAGLE-3, block) and the distilled draft model: AdamW,
+atomic resumable checkpoints.
 
 One loop, optimiser and checkpoint format serve every drafter kind; a :class:`Kind` names what
 differs (config class, initialisation, loss, per-step arrays). The block drafter's objective
-lives in :mod:`eaglepangu_jax.training.train_block`.
+lives in :mod:`eaglepangu_jax.training.train_block`, the draft model's in
+:mod:`eaglepangu_jax.training.train_draft_model`.
 
 EAGLE-3 loss: for each of ``ttt_steps`` unrolled steps ``i`` (the head's own hidden state fed back,
 :func:`eaglepangu_jax.drafters.eagle3.ttt_logits`), hard cross-entropy of the draft-vocabulary
@@ -38,7 +40,7 @@ from eaglepangu_jax.drafters import block, eagle3
 from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
 from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
 from eaglepangu_jax.drafters.vocab import DraftVocab
-from eaglepangu_jax.training import train_block
+from eaglepangu_jax.training import train_block, train_draft_model
 from eaglepangu_jax.training.data import Shard
 
 __all__ = [
@@ -316,6 +318,13 @@ KINDS: dict[str, Kind] = {
     "block": Kind(
         "block", block.init_head, train_block.train_arrays, train_block.loss, train_block.evaluate
     ),
+    "draft-model": Kind(
+        "draft-model",
+        train_draft_model.init_head,
+        train_draft_model.train_arrays,
+        train_draft_model.loss,
+        train_draft_model.evaluate,
+    ),
 }
 
 
@@ -338,6 +347,7 @@ def train(
     checkpoint: str | Path | None = None,
     resume: bool = True,
     final_norm=None,
+    initial_head: dict | None = None,
     progress: bool = True,
     until: int | None = None,
     monitor: Callable[[int, dict], None] | None = None,
@@ -348,6 +358,8 @@ def train(
     Args:
       checkpoint: checkpoint path (written every ``cfg.checkpoint_every`` steps and at the
         end; resumed from when present and ``resume``).
+      initial_head: the starting weights (default: the kind's ``init_head``), e.g. the
+        teacher's own layers for a draft model.
       until: stop after this step (default ``cfg.steps``); the schedule still spans
         ``cfg.steps``, so a later call resumes the same run from the checkpoint.
       monitor: called as ``monitor(step, head)`` every ``monitor_every`` steps and after the
@@ -356,9 +368,12 @@ def train(
     kind = kind_of(config)
     embed = jnp.asarray(embed, jnp.float32)
     d2t = jnp.asarray(vocab.d2t)
-    head = kind.init_head(
-        config, jax.random.key(cfg.seed), embed=embed, d2t=d2t, final_norm=final_norm
-    )
+    if initial_head is None:
+        head = kind.init_head(
+            config, jax.random.key(cfg.seed), embed=embed, d2t=d2t, final_norm=final_norm
+        )
+    else:
+        head = {k: jnp.asarray(v, jnp.float32) for k, v in initial_head.items()}
     opt = make_optimizer(cfg)
     opt_state = opt.init(head)
     start, losses = 0, []

@@ -1,0 +1,217 @@
+"""The distilled draft model (kind ``"draft-model"``): a head over part of the vocabulary scores
+only those tokens, the teacher-started model is the truncated teacher, training lowers the loss
+and is reproducible, the offline chains are exact on a literal case, the checkpoint round-trips
+and refuses another kind, and the drafter it makes is lossless (greedy equals plain greedy)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eaglepangu_jax import cache as cache_lib
+from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
+from eaglepangu_jax.drafters.draft_target import DraftTargetDrafter, truncated_teacher
+from eaglepangu_jax.drafters.draft_target_model import (
+    DraftModelConfig,
+    draft_model_params,
+    init_from_teacher,
+)
+from eaglepangu_jax.drafters.vocab import DraftVocab
+from eaglepangu_jax.engine import decode as gen
+from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.models import llama
+from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.init import random_params
+from eaglepangu_jax.training import train as train_lib
+from eaglepangu_jax.training import train_draft_model
+
+CFG = LlamaConfig.tiny(tie_embeddings=False)
+PROMPT = [5, 17, 33, 8, 5, 17, 40, 2, 9, 11]
+NO_EOS = -7
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    return gen.Teacher(CFG, random_params(CFG, jax.random.key(0)))
+
+
+def forward_all(params, config, tokens):
+    t = len(tokens)
+    cache = cache_lib.init(config.num_layers, t, config.num_kv_heads, config.head_dim, jnp.float32)
+    logits, _, _ = llama.forward(
+        params,
+        jnp.asarray(tokens, jnp.int32),
+        jnp.arange(t, dtype=jnp.int32),
+        cache,
+        mask_lib.causal_mask(t, 0, t),
+        config=config,
+    )
+    return np.asarray(logits)
+
+
+def test_a_head_over_part_of_the_vocabulary_scores_only_those_tokens(teacher):
+    ids = np.array([3, 0, 50, 7, 96], np.int32)
+    partial = dict(teacher.params, lm_head=teacher.params["lm_head"][:, ids], vocab_ids=ids)
+    full = forward_all(teacher.params, CFG, PROMPT)
+    part = forward_all(partial, CFG, PROMPT)
+    np.testing.assert_allclose(part[:, ids], full[:, ids], rtol=1e-5, atol=1e-5)
+    others = np.setdiff1d(np.arange(CFG.vocab_size), ids)
+    assert np.all(part[:, others] == -np.inf)
+
+
+def test_the_teacher_started_draft_model_is_the_truncated_teacher(teacher):
+    config = DraftModelConfig.for_teacher(CFG, CFG.vocab_size, 2)
+    d2t = np.arange(CFG.vocab_size, dtype=np.int32)
+    head = init_from_teacher(config, teacher.params, d2t)
+    ours = forward_all(
+        draft_model_params(head, config, teacher.params["embed"], d2t),
+        config.llama_config(),
+        PROMPT,
+    )
+    t_config, t_params = truncated_teacher(teacher.params, CFG, 2)
+    np.testing.assert_allclose(ours, forward_all(t_params, t_config, PROMPT), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="cannot start from a 3-layer teacher"):
+        init_from_teacher(dataclasses.replace(config, num_layers=4), teacher.params, d2t)
+
+
+def greedy_rows(teacher, num, length, seed=0):
+    """``num`` sequences: a random 4-token prompt and the teacher's greedy continuation."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(num):
+        prompt = rng.integers(3, CFG.vocab_size, size=4).tolist()
+        out = gen.generate(
+            teacher, None, prompt, SpecConfig(max_new_tokens=length - 4, eos_id=NO_EOS)
+        )
+        rows.append(prompt + list(out.tokens))
+    return rows
+
+
+def batches_of(rows, d2t, seq_len, prompt_len=4):
+    t2d = np.full(CFG.vocab_size, -1, np.int32)
+    t2d[d2t] = np.arange(len(d2t), dtype=np.int32)
+    tokens = np.zeros((len(rows), seq_len), np.int32)
+    targets = np.full((len(rows), seq_len), -1, np.int32)
+    lengths = []
+    for i, row in enumerate(rows):
+        n = min(len(row), seq_len)
+        tokens[i, :n] = row[:n]
+        targets[i, :n] = t2d[np.asarray(row[:n])]
+        targets[i, :prompt_len] = -1
+        lengths.append(n)
+    return train_lib.Batches(
+        tokens,
+        targets,
+        np.zeros((len(rows), seq_len, 0, CFG.hidden_size), np.float16),
+        np.full(len(rows), prompt_len, np.int32),
+        np.asarray(lengths, np.int32),
+    )
+
+
+def test_the_teacher_as_its_own_draft_model_accepts_every_chain_up_to_the_row_end(teacher):
+    """Literal chains: with the whole teacher as the draft every drafted token is right, so
+    chain ``i`` from root ``r`` is accepted exactly when token ``r + i + 1`` exists."""
+    config = DraftModelConfig.for_teacher(CFG, CFG.vocab_size, CFG.num_layers)
+    d2t = np.arange(CFG.vocab_size, dtype=np.int32)
+    head = init_from_teacher(config, teacher.params, d2t)
+    rows = greedy_rows(teacher, 3, 14)
+    batches = batches_of(rows, d2t, seq_len=16)  # two padding slots per row
+    report = train_draft_model.evaluate(head, config, teacher.params["embed"], batches, depth=4)
+    roots = np.arange(3, 13)  # r + 1 in [prompt_len, length)
+    expected = [np.mean(roots + i + 1 < 14) for i in range(4)]
+    np.testing.assert_allclose(report["chain"], expected)
+    assert report["anchors"] == 3 * len(roots)
+    assert report["accuracy"] == [1.0]
+    assert report["chain_accepted_length"] == pytest.approx(1 + sum(expected))
+
+
+def train_tiny(teacher, tmp_path, steps, name):
+    rows = greedy_rows(teacher, 12, 24)
+    vocab = DraftVocab(np.arange(48, dtype=np.int32) * 2, CFG.vocab_size, coverage=1.0)
+    config = DraftModelConfig.for_teacher(CFG, vocab.size, 1)
+    cfg = train_lib.TrainConfig(
+        steps=steps, batch_size=4, seq_len=24, learning_rate=1e-2, warmup_steps=2
+    )
+    batches = batches_of(rows, vocab.d2t, 24)
+    head, losses = train_lib.train(
+        batches,
+        config,
+        vocab,
+        teacher.params["embed"],
+        cfg,
+        fingerprint="tiny",
+        checkpoint=tmp_path / name,
+        initial_head=init_from_teacher(config, teacher.params, vocab.d2t),
+        progress=False,
+    )
+    return config, vocab, head, losses
+
+
+def test_training_lowers_the_loss_reproducibly_and_the_checkpoint_round_trips(teacher, tmp_path):
+    config, vocab, head, losses = train_tiny(teacher, tmp_path, 30, "a")
+    _, _, _, again = train_tiny(teacher, tmp_path, 30, "b")
+    assert losses == again
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
+    save_checkpoint(tmp_path / "export", head, config, vocab.d2t, fingerprint="tiny")
+    stored, loaded, d2t, meta, _ = load_checkpoint(tmp_path / "export", fingerprint="tiny")
+    assert stored == config and meta["format"] == "eaglepangu-draft-model"
+    np.testing.assert_array_equal(d2t, vocab.d2t)
+    for name, value in head.items():
+        np.testing.assert_array_equal(np.asarray(loaded[name]), np.asarray(value))
+    with pytest.raises(ValueError, match="not the 'eagle3' asked for"):
+        load_checkpoint(tmp_path / "export", fingerprint="tiny", kind="eagle3")
+
+
+@pytest.mark.parametrize(
+    "settings", [dict(depth=4, top_k=1, budget=4), dict(depth=3, top_k=2, budget=6)]
+)
+def test_a_distilled_draft_over_part_of_the_vocabulary_is_lossless(teacher, tmp_path, settings):
+    config, vocab, head, _ = train_tiny(teacher, tmp_path, 10, "c")
+    drafter = DraftTargetDrafter(config=config.llama_config(), teacher_config=CFG, **settings)
+    params = draft_model_params(head, config, teacher.params["embed"], vocab.d2t)
+    spec = SpecConfig(budget=drafter.budget, depth=drafter.depth, eos_id=NO_EOS, max_new_tokens=30)
+    ours = gen.generate(teacher, drafter, PROMPT, spec, draft_params=params)
+    plain = gen.generate(teacher, None, PROMPT, dataclasses.replace(spec, budget=1, depth=1))
+    assert ours.tokens == plain.tokens
+
+
+def test_it_is_registered_as_a_trained_drafter_and_a_method(teacher, tmp_path, monkeypatch):
+    from eaglepangu_jax.cli.generate import DRAFTER_CHOICES
+    from eaglepangu_jax.drafters import registry
+    from eaglepangu_jax.methods import registry as methods
+
+    assert "draft-distilled" in registry.TRAINED and "draft-distilled" in DRAFTER_CHOICES
+    assert methods.parse_methods("draft-distilled") == ("greedy", "draft-distilled")
+    config, vocab, head, _ = train_tiny(teacher, tmp_path, 2, "d")
+    shipped = DraftTargetDrafter(config=config.llama_config(), teacher_config=CFG, depth=4)
+    params = draft_model_params(head, config, teacher.params["embed"], vocab.d2t)
+    monkeypatch.setattr(methods, "load_shipped", lambda name: (shipped, params))
+    default = methods.make_method("draft-distilled", SpecConfig(budget=6), default_depth=True)
+    sampled = methods.make_method(
+        "draft-distilled",
+        SpecConfig(budget=5, depth=3, acceptance="sample", temperature=0.7, top_p=0.9),
+    )
+    assert (default.spec.depth, default.drafter.depth, default.drafter.budget) == (4, 4, 6)
+    assert not default.drafter.sampling and default.draft_params is params
+    assert (sampled.drafter.depth, sampled.drafter.budget) == (3, 5)
+    assert (sampled.drafter.temperature, sampled.drafter.top_p) == (0.7, 0.9)
+
+
+@pytest.mark.slow
+def test_the_shipped_distilled_draft_is_lossless_and_accepts_on_the_real_teacher():
+    from eaglepangu_jax.drafters.draft_distilled import load_shipped_draft_distilled
+    from eaglepangu_jax.models import chat, smollm2, tokenizer
+
+    cfg, params = smollm2.load_smollm2()
+    teacher = gen.Teacher(cfg, llama.prepare_params(params))
+    drafter, dparams = load_shipped_draft_distilled(params, budget=4, depth=4)
+    tok = tokenizer.load_tokenizer()
+    prompt = chat.encode_chat(tok, [{"role": "user", "content": "Give me three tips for sleep."}])
+    spec = SpecConfig(policy="drafter", budget=4, depth=4, max_new_tokens=32)
+    plain = gen.generate(teacher, None, prompt, spec)
+    out = gen.generate(teacher, drafter, prompt, spec, draft_params=dparams)
+    assert out.tokens == plain.tokens
+    assert out.stats.accepted_length > 1.0
