@@ -1,11 +1,12 @@
 """Held-out figures of draft-head checkpoints on a corpus's held-out split, offline.
 
-For each checkpoint (EAGLE-3 or block, e.g. the shipped ones and a new training run) the
-teacher features of the corpus's held-out shards are recomputed from the ids (or read from the
-feature cache), the targets are mapped through *that checkpoint's own* draft vocabulary, and
-the training code's evaluation runs: per-depth top-1 accuracy and the accepted length of a
-single top-1 chain (bonus token included). Block checkpoints also report the per-depth
-calibration error of their marginals, raw and with the stored temperatures::
+For each checkpoint (EAGLE-3, block or distilled draft model, e.g. the shipped ones and a new
+training run) the teacher features of the corpus's held-out shards are recomputed from the ids
+(or read from the feature cache; a draft model reads none), the targets are mapped through
+*that checkpoint's own* draft vocabulary, and the training code's evaluation runs: per-depth
+top-1 accuracy and the accepted length of a single top-1 chain (bonus token included). Block
+checkpoints also report the per-depth calibration error of their marginals, raw and with the
+stored temperatures::
 
     python3 bench/heldout_heads.py --corpus eaglepangu_jax/data/corpus \\
         --checkpoint eaglepangu_jax/weights/eagle3_smollm2 \\
@@ -15,7 +16,6 @@ calibration error of their marginals, raw and with the stored temperatures::
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -27,7 +27,7 @@ def main() -> int:
         "--checkpoint", action="append", required=True, help="checkpoint path (no suffix)"
     )
     parser.add_argument("--seq-len", type=int, default=512, help="tokens kept per sequence")
-    parser.add_argument("--depth", type=int, default=6, help="EAGLE-3 chain depth")
+    parser.add_argument("--depth", type=int, default=6, help="EAGLE-3 / draft-model chain depth")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
 
@@ -36,10 +36,11 @@ def main() -> int:
     from eaglepangu_jax.drafters.checkpoint import load_checkpoint
     from eaglepangu_jax.drafters.vocab import DraftVocab
     from eaglepangu_jax.engine.decode import Teacher
+    from eaglepangu_jax.files import write_json_atomic
     from eaglepangu_jax.models import llama, smollm2
     from eaglepangu_jax.models.weights_cache import resolve_cache_dir
     from eaglepangu_jax.training import corpus as corpus_lib
-    from eaglepangu_jax.training import distill, train, train_block
+    from eaglepangu_jax.training import distill, train, train_block, train_draft_model
     from eaglepangu_jax.training.features import shard_features
 
     cfg, params = smollm2.load_smollm2()
@@ -71,6 +72,10 @@ def main() -> int:
         start = time.perf_counter()
         if meta["format"].endswith("eagle3"):
             report = train.evaluate(head, config, params["embed"], batches, depth=args.depth)
+        elif meta["format"].endswith("draft-model"):
+            report = train_draft_model.evaluate(
+                head, config, params["embed"], batches, depth=args.depth
+            )
         else:
             report = train_block.evaluate(head, config, params["embed"], batches)
             calibration = train_block.fit_depth_temperatures(head, config, params["embed"], batches)
@@ -91,7 +96,7 @@ def main() -> int:
             f"{report['chain_accepted_length']:.3f} over {report['anchors']} chains",
             flush=True,
         )
-    Path(args.json).write_text(json.dumps({"corpus": args.corpus, "heads": rows}, indent=1))
+    write_json_atomic(Path(args.json), {"corpus": args.corpus, "heads": rows})
     return 0
 
 
