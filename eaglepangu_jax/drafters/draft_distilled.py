@@ -6,7 +6,7 @@ on the self-distilled corpus to predict the teacher's greedy token
 ``eaglepangu train-draft --kind draft-model``). It owns its layers, final norm and a head over
 the draft vocabulary; it borrows the teacher's embedding. The drafter and its cache handling are
 :class:`~eaglepangu_jax.drafters.draft_target.DraftTargetDrafter`'s, as for the truncated
-teacher. Model card: ``eaglepangu_jax/weights/draft_distilled_smollm2.md``.
+teacher. Model card: ``eaglepangu_jax/weights/DRAFT_DISTILLED_MODEL_CARD.md``.
 """
 
 from __future__ import annotations
