@@ -4,14 +4,13 @@ initialisation (the drafter that runs them is :mod:`eaglepangu_jax.drafters.bloc
 from __future__ import annotations
 
 import dataclasses
-import math
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from eaglepangu_jax.drafters.eagle3_head import check_head_config, default_feature_layers
 from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.init import fresh_weights
 
 __all__ = ["LAYER_KEYS", "HEAD_KEYS", "BlockConfig", "init_head"]
 
@@ -153,17 +152,7 @@ def init_head(
     both at the scale of the embedding rows. So every slot starts as its own input plus the
     teacher's newest late-layer state, on equal terms.
     """
-    shapes = config.head_shapes()
-    keys = dict(zip(HEAD_KEYS, jax.random.split(key, len(HEAD_KEYS))))
-    head = {}
-    for name, shape in shapes.items():
-        if name.endswith("norm"):
-            head[name] = jnp.ones(shape, jnp.float32)
-        elif name == "mask_embed":
-            head[name] = jax.random.normal(keys[name], shape, jnp.float32)
-        else:
-            scale = jnp.float32(1.0 / math.sqrt(shape[-2]))
-            head[name] = scale * jax.random.normal(keys[name], shape, jnp.float32)
+    head = fresh_weights(config.head_shapes(), key)
     if embed is not None:
         rows = jnp.asarray(embed, jnp.float32)
         scale = jnp.sqrt(jnp.mean(rows * rows))

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from eaglepangu_jax.models.config import LlamaConfig
+from eaglepangu_jax.models.init import fresh_weights
 from eaglepangu_jax.models.llama import rms_norm
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
 
@@ -156,15 +157,7 @@ def init_head(
     """Random head weights (float32); ``lm_head`` / ``final_norm`` start from the teacher's
     tied embedding rows of the draft vocabulary and final norm when given (a warm start: the
     head then only has to learn to predict the next residual stream)."""
-    shapes = config.head_shapes()
-    keys = dict(zip(HEAD_KEYS, jax.random.split(key, len(HEAD_KEYS))))
-    head = {}
-    for name, shape in shapes.items():
-        if len(shape) == 1:
-            head[name] = jnp.ones(shape, jnp.float32)
-        else:
-            scale = jnp.float32(1.0 / math.sqrt(shape[0]))
-            head[name] = scale * jax.random.normal(keys[name], shape, jnp.float32)
+    head = fresh_weights(config.head_shapes(), key)
     if embed is not None and d2t is not None:
         head["lm_head"] = jnp.asarray(embed, jnp.float32)[jnp.asarray(d2t, jnp.int32)].T
         # Start as the teacher's "logit lens" of the highest tapped layer: fc passes that layer

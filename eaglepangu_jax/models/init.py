@@ -1,4 +1,5 @@
-"""Random Llama parameters in the documented layout, for tests and benchmarks."""
+"""Random weights: Llama parameters in the documented layout (tests and benchmarks), and the
+starting point every trainable draft head shares."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 
 from eaglepangu_jax.models.config import LlamaConfig
 
-__all__ = ["random_params"]
+__all__ = ["random_params", "fresh_weights"]
 
 
 def random_params(config: LlamaConfig, key: jax.Array, dtype=jnp.float32) -> dict:
@@ -43,6 +44,26 @@ def random_params(config: LlamaConfig, key: jax.Array, dtype=jnp.float32) -> dic
     if not c.tie_embeddings:
         params["lm_head"] = _matrix(keys[-1], (h, c.vocab_size), dtype)
     return params
+
+
+def fresh_weights(shapes: dict[str, tuple[int, ...]], key: jax.Array) -> dict:
+    """Float32 starting weights for a head described by ``{name: shape}``.
+
+    Norm weights (names ending in ``norm``) start at one, other vectors ``N(0, 1)``, matrices
+    ``N(0, 1/fan_in)`` with ``fan_in = shape[-2]`` (stacked per-layer matrices included) so
+    activations keep unit scale. Each name gets its own key, split in the order of ``shapes``:
+    the same seed gives the same head.
+    """
+    keys = dict(zip(shapes, jax.random.split(key, len(shapes))))
+    weights = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm"):
+            weights[name] = jnp.ones(shape, jnp.float32)
+        elif len(shape) == 1:
+            weights[name] = jax.random.normal(keys[name], shape, jnp.float32)
+        else:
+            weights[name] = _matrix(keys[name], shape, jnp.float32)
+    return weights
 
 
 def _matrix(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:

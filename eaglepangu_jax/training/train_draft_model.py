@@ -13,7 +13,6 @@ the first position ``p >= r`` whose top-1 misses the token at ``p + 1``.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -25,6 +24,7 @@ from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig, draft_model_params
 from eaglepangu_jax.models import llama
+from eaglepangu_jax.models.init import fresh_weights
 
 __all__ = ["init_head", "sequence_logits", "train_arrays", "loss", "evaluate"]
 
@@ -41,15 +41,7 @@ def init_head(
     embedding's draft-vocabulary rows and the final norm from the teacher's when given. The
     command line starts from the teacher's own first layers instead
     (:func:`~eaglepangu_jax.drafters.draft_target_model.init_from_teacher`)."""
-    shapes = config.head_shapes()
-    keys = dict(zip(shapes, jax.random.split(key, len(shapes))))
-    head = {}
-    for name, shape in shapes.items():
-        if len(shape) == 1:
-            head[name] = jnp.ones(shape, jnp.float32)
-        else:
-            scale = jnp.float32(1.0 / math.sqrt(shape[0]))
-            head[name] = scale * jax.random.normal(keys[name], shape, jnp.float32)
+    head = fresh_weights(config.head_shapes(), key)
     if embed is not None and d2t is not None:
         head["lm_head"] = jnp.asarray(embed, jnp.float32)[jnp.asarray(d2t, jnp.int32)].T
     if final_norm is not None:
