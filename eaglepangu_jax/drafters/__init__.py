@@ -6,7 +6,8 @@
   (trained, shipped).
 * :class:`DraftTargetDrafter`: an independent draft LM with its own KV cache (draft-target
   speculation); :func:`truncated_teacher` makes a training-free draft, :func:`load_draft_target`
-  the real teacher's.
+  the real teacher's, :func:`load_shipped_draft_distilled` the shipped distilled draft model
+  (:class:`DraftModelConfig`).
 
 :mod:`~eaglepangu_jax.drafters.registry` lists them by name;
 :mod:`~eaglepangu_jax.drafters.checkpoint` reads and writes trained heads.
@@ -14,11 +15,13 @@
 
 from eaglepangu_jax.drafters.block import BlockDrafter, load_shipped_block
 from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
+from eaglepangu_jax.drafters.draft_distilled import load_shipped_draft_distilled
 from eaglepangu_jax.drafters.draft_target import (
     DraftTargetDrafter,
     load_draft_target,
     truncated_teacher,
 )
+from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig
 from eaglepangu_jax.drafters.eagle3 import Eagle3Drafter, load_shipped_eagle3
 from eaglepangu_jax.drafters.ngram import NGramDrafter
 from eaglepangu_jax.drafters.registry import (
@@ -35,6 +38,7 @@ __all__ = [
     "NAMES",
     "BlockDrafter",
     "DrafterUnavailableError",
+    "DraftModelConfig",
     "DraftTargetDrafter",
     "Eagle3Drafter",
     "NGramDrafter",
@@ -43,6 +47,7 @@ __all__ = [
     "load_draft_target",
     "load_shipped",
     "load_shipped_block",
+    "load_shipped_draft_distilled",
     "load_shipped_eagle3",
     "make_drafter",
     "save_checkpoint",
