@@ -152,6 +152,25 @@ def test_predict_interpolates_the_measured_grid():
     )
 
 
+def test_predict_never_makes_a_smaller_forward_dearer_than_a_larger_one():
+    """A noisy grid (one slot timed slower than four, four slower than sixteen) is read as the
+    minimum over every larger forward: the curve the controller sees is non-decreasing."""
+    base = dataclasses.replace(synthetic(), samples=())
+    rows = [
+        cal_store.Sample(slots=s, context=0, window=256, seconds=t, times=(t,))
+        for (s, t) in [(1, 0.098), (4, 0.069), (16, 0.119), (17, 0.115)]
+    ]
+    calibration = dataclasses.replace(base, samples=tuple(rows))
+    got = [float(cal_fit.predict(calibration, CFG, s, 0, window=256)) for s in (1, 4, 16, 17)]
+    assert got == pytest.approx([0.069, 0.069, 0.115, 0.115])
+    curve = np.asarray(
+        cal_curve.verify_latency_curve(
+            dataclasses.replace(calibration, t_other=0.0), CFG, 100, 16, bucketed=True
+        )
+    )
+    assert np.all(np.diff(curve) >= 0)
+
+
 # ----------------------------------------------------------------------------- saving
 
 
