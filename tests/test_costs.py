@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from eaglepangu_jax import engine
 from eaglepangu_jax.drafters import NGramDrafter
 from eaglepangu_jax.engine.costs import SCALE_RANGE, CostCorrection, segment_costs
+from eaglepangu_jax.engine.decode import cache_slots, window_for
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 
@@ -107,3 +108,23 @@ def test_generate_learns_from_its_segments_and_keeps_the_tokens():
         assert fit.segments == expected_segments
     a, b = fit.scales
     assert SCALE_RANGE[0] <= min(a, b) and max(a, b) <= SCALE_RANGE[1]
+
+
+def test_a_loop_recompiled_for_a_larger_cache_is_not_timed():
+    # A short prompt and a long one start in the same 512-slot attention window, but the long
+    # one needs a larger cache, so the loop compiles again for it: that first segment must
+    # not be observed (its time is compilation); run again, it is. The long answer then
+    # crosses into the 1024-slot window, a new program and one more segment the second time.
+    cfg = LlamaConfig.tiny(vocab_size=61, num_layers=1, max_position=2048)
+    teacher = engine.Teacher(cfg, random_params(cfg, jax.random.key(3)))
+    spec = engine.SpecConfig(budget=3, depth=3, max_new_tokens=120, eos_id=-7)
+    drafter = NGramDrafter(budget=3, depth=3)
+    short, long = [7, 8, 9] * 100, [7, 8, 9] * 134  # 300 and 402 tokens: caches 512, 1024
+    assert cache_slots(len(short), spec) == 512 and cache_slots(len(long), spec) == 1024
+    assert window_for(len(short) + 4, 512) == window_for(len(long) + 4, 1024) == 512
+    fit = CostCorrection(min_seconds=0.0)
+    seen = []
+    for prompt in (short, short, long, long):
+        engine.generate(teacher, drafter, prompt, spec, correction=fit)
+        seen.append(fit.segments)
+    assert seen == [0, 1, 1, 3]

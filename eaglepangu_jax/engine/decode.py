@@ -342,6 +342,12 @@ _run = jax.jit(run_rounds, static_argnums=(0,), donate_argnums=(3,))
 _run_batched = jax.jit(run_rounds_batched, static_argnums=(0,), donate_argnums=(3,))
 
 
+def _shapes(tree: Any) -> tuple:
+    """Shapes and dtypes of a pytree's leaves (what, besides the static key, selects a
+    compiled program)."""
+    return tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(tree))
+
+
 def decode_loop(
     teacher,
     drafter,
@@ -382,7 +388,10 @@ def decode_loop(
         latency, t_draft = base_latency, float(draft_seconds)
         if correction is not None:
             latency, t_draft = correction.apply(base_latency, t_draft)
-            compiling = correction.first_run(static)
+            # The loop compiles per static key *and* per input shape: a longer prompt's larger
+            # cache recompiles a window seen before, and timing that segment would charge
+            # the compilation to its rounds (a plain scale of 2 that then never came back).
+            compiling = correction.first_run((static, _shapes(state)))
             first_round, start = int(state.rounds), time.perf_counter()
         # Reference mode: the invariant checks traced into the step raise on the host.
         runner = mode.checked(_run_batched if batched else _run)
