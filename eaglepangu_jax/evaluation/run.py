@@ -285,6 +285,10 @@ def _run_turn(
         result, compile_seconds = run_method(teacher, method, prompt_ids)
         results[method.name] = result
         records[method.name] = _turn_record(result, compile_seconds)
+        if method.correction is not None:
+            # The controller's cost scales after this turn: how they move turn by turn is
+            # what explains a method that starts drafting in every round (docs/RESULTS.md).
+            records[method.name]["cost_correction"] = method.correction.describe()
     greedy = results[REFERENCE].tokens
     divergence = {name: first_divergence(greedy, r.tokens) for name, r in results.items()}
     gaps = near_tie_gaps(
