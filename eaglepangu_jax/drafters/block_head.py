@@ -12,7 +12,7 @@ from eaglepangu_jax.drafters.eagle3_head import check_head_config, default_featu
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import fresh_weights
 
-__all__ = ["LAYER_KEYS", "HEAD_KEYS", "BlockConfig", "init_head"]
+__all__ = ["LAYER_KEYS", "BlockConfig", "init_head"]
 
 
 LAYER_KEYS = (
@@ -27,11 +27,6 @@ LAYER_KEYS = (
     "w_gate",
     "w_up",
     "w_down",
-)
-HEAD_KEYS = (
-    ("feature_norm", "fc", "ctx_norm", "mask_embed", "w_last")
-    + LAYER_KEYS
-    + ("final_norm", "lm_head")
 )
 
 

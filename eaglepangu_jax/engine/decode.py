@@ -390,7 +390,7 @@ def decode_loop(
             latency, t_draft = correction.apply(base_latency, t_draft)
             # The loop compiles per static key *and* per input shape: a longer prompt's larger
             # cache recompiles a window seen before, and timing that segment would charge
-            # the compilation to its rounds (a plain scale of 2 that then never came back).
+            # the compilation to its rounds.
             compiling = correction.first_run((static, _shapes(state)))
             first_round, start = int(state.rounds), time.perf_counter()
         # Reference mode: the invariant checks traced into the step raise on the host.
