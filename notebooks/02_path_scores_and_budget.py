@@ -423,7 +423,10 @@ for label, text in prompts.items():
 # also corrects the curve from what it measures: after each on-device segment (one
 # attention window of the loop) the host knows the segment's wall time and how many plain
 # and speculative rounds ran, and `CostCorrection` fits two scale factors, `a` for a plain
-# step and `b` for a speculative round (`engine/costs.py`). Keep one per method across calls.
+# step and `b` for a speculative round (`engine/costs.py`), one fit per attention window.
+# Evidence about a kind of round that stopped running fades, so a controller that drafts in
+# every round (or in none) is brought back to the calibrated ratio and measures both kinds
+# again. Keep one per method across calls.
 #
 # Here the engine gets a curve that believes the machine is twice as fast as it is (every
 # latency halved), and the correction finds the factor from the measured segments. A segment

@@ -79,6 +79,53 @@ def test_apply_scales_the_plain_entry_and_the_rest_apart():
     assert t_draft == pytest.approx(b * 0.02) and b == pytest.approx(1.6, rel=0.05)
 
 
+def test_each_window_keeps_its_own_fit():
+    # A long turn's wide-window segments are slower than the curve predicted at the prompt's
+    # window; fitted together they would move the scales of every later short turn.
+    fit = CostCorrection()
+    for _ in range(10):
+        fit.observe(1.0, 1.0, 2.0, window=512)
+        fit.observe(1.0, 0.2, 3.6, window=1024)  # plain rounds 3x as slow at this window
+    a512, b512 = fit.scales_for(512)
+    a1024, b1024 = fit.scales_for(1024)
+    assert a512 == pytest.approx(1.0, abs=0.05) and b512 == pytest.approx(1.0, abs=0.05)
+    assert a1024 > 2.0
+    assert fit.scales_for(2048) == (1.0, 1.0)  # never seen: the uncorrected curve
+    assert fit.scales == (a1024, b1024)  # the window observed last
+    curve, _ = fit.apply(CURVE, 0.0, window=512)
+    assert curve[0] == pytest.approx(a512 * CURVE[0], rel=1e-6)
+    summary = fit.describe()
+    assert set(summary["windows"]) == {"512", "1024"} and summary["segments"] == 20
+
+
+def _skewed_then_speculative_only(stale_decay):
+    """A fit taught a plain-step scale twice the speculative one by mixed segments, then
+    given segments with speculative rounds only, timed at a = b = 1: the ratio ``a / b`` the
+    controller would decide on, after each of them."""
+    fit = CostCorrection(stale_decay=stale_decay)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        plain, spec = rng.uniform(0.2, 1.0, size=2)
+        fit.observe(plain, spec, 2.0 * plain + 1.0 * spec)
+    ratios = []
+    for _ in range(8):
+        fit.observe(0.0, 1.0, 1.0)
+        a, b = fit.scales
+        ratios.append(a / b)
+    return ratios
+
+
+def test_evidence_about_a_kind_of_round_that_no_longer_runs_fades():
+    # The controller's choice depends on a / b only. Speculating in every round, it sees no
+    # plain step, so a ratio learned earlier must not hold for as long as old evidence lasts:
+    # after a few speculative-only segments the plain scale follows the speculative one.
+    fading = _skewed_then_speculative_only(stale_decay=0.3)
+    kept = _skewed_then_speculative_only(stale_decay=1.0)
+    assert fading[0] > 1.5  # one segment does not overturn thirty
+    assert fading[-1] == pytest.approx(1.0, abs=0.15)
+    assert kept[-1] > 1.7  # without fading, the stale ratio stays (the trap it removes)
+
+
 def test_first_run_of_a_loop_is_flagged_once():
     fit = CostCorrection()
     assert fit.first_run(("loop", 256)) and not fit.first_run(("loop", 256))
@@ -90,6 +137,8 @@ def test_settings_are_checked():
         CostCorrection(decay=0.0)
     with pytest.raises(ValueError, match="prior"):
         CostCorrection(prior_tie=0.0)
+    with pytest.raises(ValueError, match="stale_decay"):
+        CostCorrection(stale_decay=1.5)
 
 
 def test_generate_learns_from_its_segments_and_keeps_the_tokens():

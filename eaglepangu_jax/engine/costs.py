@@ -20,6 +20,23 @@ of ``a`` toward 1 and a weak pull of ``b`` toward ``a``: when only one kind of r
 the other scale follows the machine's overall speed instead of staying where it was. Both
 stay within ``[1/4, 4]``.
 
+Two rules keep one odd stretch of text from steering the controller for good (both were
+measured to matter: docs/RESULTS.md, "Per-category 2 under the default controller"):
+
+* **One fit per attention window.** A segment runs at one window, and the curve is predicted
+  at the prompt's window; a long turn's later segments attend twice as many positions. Fitted
+  together, such a segment moved the scales of every later short turn. Each window keeps its
+  own fit; a window never seen starts from the uncorrected curve.
+* **Evidence about a kind of round fades while that kind does not run.** The controller's
+  choice depends only on ``a / b``; once it speculates in every round (or in none) the
+  segments say nothing new about the other kind, and a ratio learned from a few noisy
+  segments would hold for as long as the old evidence lasts. So from the second segment in a
+  row without plain rounds, each such segment multiplies the weight of the earlier segments
+  that had some by ``stale_decay`` (and the same for speculative rounds; one segment without
+  a kind is ordinary alternation and fades nothing). The unseen scale then returns to the machine's
+  overall speed (the pull toward each other), the controller weighs the rounds on the
+  calibrated ratio again, and fresh evidence of both kinds follows.
+
 The object is host-side and mutable (not a pytree, never traced): a caller that keeps one per
 method passes it to every :func:`~eaglepangu_jax.engine.decode.generate` call. The corrected
 curve is a traced value, so correcting it never recompiles the loop; a segment whose loop was
@@ -36,6 +53,7 @@ import numpy as np
 __all__ = ["CostCorrection", "segment_costs"]
 
 SCALE_RANGE = (0.25, 4.0)
+_MAX_SEGMENTS = 64  # per window; older ones weigh < decay ** 64 (0.1% at the default)
 
 
 @dataclasses.dataclass(eq=False)
@@ -44,36 +62,43 @@ class CostCorrection:
 
     Attributes:
       decay: weight kept by older segments when a new one is added, in ``(0, 1]``.
+      stale_decay: extra weight kept by the earlier segments with plain (speculative) rounds,
+        per segment after the first in a row without any, in ``(0, 1]``; 1: no fading.
       prior_plain: pull of ``a`` toward 1, in segments' worth of evidence.
       prior_tie: pull of ``b`` toward ``a``, in segments' worth of evidence.
       min_seconds: segments shorter than this are ignored (host overhead dominates them).
     """
 
     decay: float = 0.9
+    stale_decay: float = 0.3
     prior_plain: float = 0.01
     prior_tie: float = 0.05
     min_seconds: float = 0.05
     segments: int = 0
-    # Decayed normal equations of the relative-error fit.
-    _s11: float = 0.0
-    _s12: float = 0.0
-    _s22: float = 0.0
-    _r1: float = 0.0
-    _r2: float = 0.0
+    # Per window (None: not given), the used segments as relative (x_plain, x_spec, y) rows,
+    # oldest first, each with its weight.
+    _rows: dict = dataclasses.field(default_factory=dict, repr=False)
+    _last_window: Any = dataclasses.field(default=None, repr=False)
     _compiled: set = dataclasses.field(default_factory=set, repr=False)
 
     def __post_init__(self):
-        if not 0.0 < self.decay <= 1.0:
-            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+        for name in ("decay", "stale_decay"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if not (self.prior_plain > 0.0 and self.prior_tie > 0.0):
             raise ValueError("prior_plain and prior_tie must be > 0")
 
-    @property
-    def scales(self) -> tuple[float, float]:
-        """``(a, b)``: the plain-step and speculative-round scale factors."""
+    def scales_for(self, window: int | None = None) -> tuple[float, float]:
+        """``(a, b)`` for segments at ``window``: the plain-step and speculative-round scale
+        factors; ``(1, 1)`` for a window with no segments yet."""
+        rows = self._rows.get(window, [])
+        if not rows:
+            return 1.0, 1.0
+        x1, x2, y, w = (np.asarray(c, np.float64) for c in zip(*rows))
         l1, l2 = self.prior_plain, self.prior_tie
-        lhs = np.array([[self._s11 + l1 + l2, self._s12 - l2], [self._s12 - l2, self._s22 + l2]])
-        rhs = np.array([self._r1 + l1, self._r2])
+        s11, s12, s22 = np.sum(w * x1 * x1), np.sum(w * x1 * x2), np.sum(w * x2 * x2)
+        lhs = np.array([[s11 + l1 + l2, s12 - l2], [s12 - l2, s22 + l2]])
+        rhs = np.array([np.sum(w * x1 * y) + l1, np.sum(w * x2 * y)])
         try:
             a, b = np.linalg.solve(lhs, rhs)
         except np.linalg.LinAlgError:
@@ -83,10 +108,21 @@ class CostCorrection:
         lo, hi = SCALE_RANGE
         return float(np.clip(a, lo, hi)), float(np.clip(b, lo, hi))
 
-    def observe(self, plain_predicted: float, spec_predicted: float, measured: float) -> None:
-        """Add one segment: its predicted plain-round and speculative-round seconds (on the
-        uncorrected curve) and its measured seconds. Non-finite or too-short segments, and
-        segments with nothing predicted, are ignored."""
+    @property
+    def scales(self) -> tuple[float, float]:
+        """``(a, b)`` of the window observed last (:meth:`scales_for`)."""
+        return self.scales_for(self._last_window)
+
+    def observe(
+        self,
+        plain_predicted: float,
+        spec_predicted: float,
+        measured: float,
+        window: int | None = None,
+    ) -> None:
+        """Add one segment at ``window``: its predicted plain-round and speculative-round
+        seconds (on the uncorrected curve) and its measured seconds. Non-finite or too-short
+        segments, and segments with nothing predicted, are ignored."""
         values = (plain_predicted, spec_predicted, measured)
         if not all(np.isfinite(v) for v in values) or measured < self.min_seconds:
             return
@@ -94,18 +130,28 @@ class CostCorrection:
             return
         total = plain_predicted + spec_predicted
         x1, x2, y = plain_predicted / total, spec_predicted / total, measured / total
-        d = self.decay
-        self._s11 = d * self._s11 + x1 * x1
-        self._s12 = d * self._s12 + x1 * x2
-        self._s22 = d * self._s22 + x2 * x2
-        self._r1 = d * self._r1 + x1 * y
-        self._r2 = d * self._r2 + x2 * y
+        previous = self._rows.get(window, [])
+        # A kind of round missing from this segment *and* the one before: its evidence ages.
+        # (One missing segment is normal alternation, e.g. a plain turn after a speculative one.)
+        plain_gone = x1 == 0.0 and bool(previous) and previous[-1][0] == 0.0
+        spec_gone = x2 == 0.0 and bool(previous) and previous[-1][1] == 0.0
+        rows = []
+        for old1, old2, old_y, weight in previous:
+            weight *= self.decay
+            if (plain_gone and old1 > 0.0) or (spec_gone and old2 > 0.0):
+                weight *= self.stale_decay
+            rows.append((old1, old2, old_y, weight))
+        rows.append((x1, x2, y, 1.0))
+        self._rows[window] = rows[-_MAX_SEGMENTS:]
+        self._last_window = window
         self.segments += 1
 
-    def apply(self, verify_latency: Any, draft_seconds: float) -> tuple[np.ndarray, float]:
-        """The corrected ``(verify_latency, draft_seconds)``: ``a T[0]``, ``b T[n >= 1]``,
-        ``b t_draft``."""
-        a, b = self.scales
+    def apply(
+        self, verify_latency: Any, draft_seconds: float, window: int | None = None
+    ) -> tuple[np.ndarray, float]:
+        """The corrected ``(verify_latency, draft_seconds)`` for a segment at ``window``:
+        ``a T[0]``, ``b T[n >= 1]``, ``b t_draft``."""
+        a, b = self.scales_for(window)
         curve = np.asarray(verify_latency, np.float32).copy()
         curve[0] *= a
         curve[1:] *= b
@@ -119,10 +165,15 @@ class CostCorrection:
         self._compiled.add(key)
         return True
 
-    def describe(self) -> dict[str, float | int]:
-        """JSON-ready summary for reports."""
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready summary for reports: the last window's scales, the segment count, and
+        each window's scales and segments."""
         a, b = self.scales
-        return {"plain_scale": a, "spec_scale": b, "segments": self.segments}
+        windows = {}
+        for window, rows in sorted(self._rows.items(), key=lambda item: str(item[0])):
+            wa, wb = self.scales_for(window)
+            windows[str(window)] = {"plain_scale": wa, "spec_scale": wb, "segments": len(rows)}
+        return {"plain_scale": a, "spec_scale": b, "segments": self.segments, "windows": windows}
 
 
 def segment_costs(

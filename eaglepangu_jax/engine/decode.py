@@ -363,7 +363,8 @@ def decode_loop(
     """Drive the device loop through growing attention windows until every sequence stops.
 
     With a ``correction`` (policy ``"auto"``, one sequence), each segment runs on the curve
-    it corrects, and each segment's measured time is added to it (:mod:`.costs`)."""
+    as corrected for its attention window, and its measured time is added to that window's
+    fit (:mod:`.costs`)."""
     need = 1 if drafter is None else spec.budget + 1
     controlled = drafter is not None and spec.policy == "auto"
     if controlled and verify_latency is None:
@@ -387,7 +388,7 @@ def decode_loop(
         )
         latency, t_draft = base_latency, float(draft_seconds)
         if correction is not None:
-            latency, t_draft = correction.apply(base_latency, t_draft)
+            latency, t_draft = correction.apply(base_latency, t_draft, window)
             # The loop compiles per static key *and* per input shape: a longer prompt's larger
             # cache recompiles a window seen before, and timing that segment would charge
             # the compilation to its rounds.
@@ -415,7 +416,7 @@ def decode_loop(
                     base_latency,
                     float(draft_seconds),
                 )
-                correction.observe(plain, spec_s, elapsed)
+                correction.observe(plain, spec_s, elapsed, window)
 
 
 def generate(
