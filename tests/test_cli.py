@@ -308,3 +308,16 @@ def test_train_draft_is_wired_and_validates_before_work():
     with pytest.raises(SystemExit) as exc:
         cli_main.main(["train-draft", "--kind", "medusa", "--out", "unused"])
     assert exc.value.code == 2
+
+
+def test_global_options_may_precede_train_draft(no_compile_cache, capsys):
+    # Like every other command, train-draft takes the global options before it; its own
+    # parser then sees only what follows (here --help, which exits 0 with its usage).
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["--compile-cache", "/somewhere", "train-draft", "--help"])
+    assert exc.value.code == 0
+    assert "usage: eaglepangu train-draft" in capsys.readouterr().out
+    assert no_compile_cache == []  # --help exits before anything is enabled
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["--no-compile-cache", "train-draft", "--kind", "medusa", "--out", "x"])
+    assert exc.value.code == 2 and "medusa" in capsys.readouterr().err

@@ -204,6 +204,23 @@ def test_prompt_stream_is_append_only_and_the_manifest_adds_up(teacher, tmp_path
         loaded = corpus_lib.load_corpus_shard(tmp_path / "answers", s["key"])
         assert loaded is not None and loaded.answer_tokens == s["answer_tokens"]
     assert distill.read_manifest(tmp_path)["teacher"] == FP
+
+    # Resuming replays the recorded shards without rewriting the manifest: a run stopped
+    # during the replay, or one asked for fewer tokens, leaves it whole.
+    def stop(message):
+        raise KeyboardInterrupt
+
+    before = (tmp_path / "manifest.json").read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        distill.build_corpus(
+            teacher, tok, plan, tmp_path, fingerprint=FP, guard=guard, progress=stop
+        )
+    assert (tmp_path / "manifest.json").read_bytes() == before
+    fewer = dataclasses.replace(plan, target_answer_tokens=1)
+    again = distill.build_corpus(
+        teacher, tok, fewer, tmp_path, fingerprint=FP, guard=guard, progress=None
+    )
+    assert again == manifest and (tmp_path / "manifest.json").read_bytes() == before
     (tmp_path / "manifest.json").write_text("[]")
     with pytest.raises(ValueError, match="not an eaglepangu corpus manifest"):
         distill.read_manifest(tmp_path)

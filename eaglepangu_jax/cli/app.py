@@ -68,14 +68,8 @@ Run 'eaglepangu COMMAND --help' for the options of one command.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``eaglepangu`` (all sub-commands)."""
-    parser = argparse.ArgumentParser(
-        prog="eaglepangu",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _add_cache_options(parser: argparse.ArgumentParser) -> None:
+    """The global options, given before the command."""
     cache = parser.add_mutually_exclusive_group()
     cache.add_argument(
         "--compile-cache",
@@ -92,6 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
         const="",
         help="compile everything afresh, keep nothing",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``eaglepangu`` (all sub-commands)."""
+    parser = argparse.ArgumentParser(
+        prog="eaglepangu",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_cache_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     g = generate_cli.add_parser(sub)
@@ -160,10 +165,16 @@ def main(argv: Sequence[str] | None = None, *, teacher: Any = None, renderer: An
       or written), with one ``error:`` line and no traceback. Bugs keep their traceback.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train-draft"]:  # its own parser takes every option after the command
-        from eaglepangu_jax.cli.train import train_draft_main
+    if "train-draft" in argv:  # its own parser takes every option after the command
+        at = argv.index("train-draft")
+        options = argparse.ArgumentParser(prog="eaglepangu", add_help=False)
+        _add_cache_options(options)
+        known, rest = options.parse_known_args(argv[:at])
+        if not rest:  # only global options before it (else it is some other command's text)
+            from eaglepangu_jax.cli.train import train_draft_main
 
-        return train_draft_main(argv[1:])
+            given = known.compile_cache if at else False
+            return train_draft_main(argv[at + 1 :], compile_cache=given)
     parser = build_parser()
     args = parser.parse_args(argv)
     sub = args.command_parser  # errors name the sub-command's usage

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from eaglepangu_jax import runtime
 from eaglepangu_jax.cli import errors
 from eaglepangu_jax.drafters import block, eagle3
 from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
@@ -21,10 +22,12 @@ from eaglepangu_jax.training.train import KINDS, TrainConfig, make_batches, trai
 __all__ = ["train_draft_main"]
 
 
-def train_draft_main(argv: Sequence[str] | None = None) -> int:
+def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = False) -> int:
     """``train-draft --kind {eagle3,block,draft-model}``: self-distil data (or read a corpus),
     build the vocab, train, export. ``draft-model`` is the distilled draft of draft-target
     speculation: ``--draft-layers`` Llama layers started from the teacher's first ones.
+    ``compile_cache`` is the global ``--compile-cache`` value when one was given before the
+    command (``False``: none given, no persistent compilation cache).
 
     Both kinds read the same cached shards (same prompts, teacher and tapped layers). With the
     defaults (288 prompts, 128 new tokens) answering the prompts takes ~10-30 min on two shared
@@ -90,6 +93,8 @@ def train_draft_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ray-address", default=None)
     args = parser.parse_args(argv)
+    if compile_cache is not False:
+        runtime.enable_compile_cache(compile_cache)
     _check_args(parser, args)
     return errors.guard(parser, lambda: _train_draft(parser, args))
 

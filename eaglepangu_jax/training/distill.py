@@ -11,7 +11,8 @@
 2. **Answers** (:func:`build_corpus`): consecutive chunks of ``shard_size`` prompts, each one
    answer shard (:mod:`eaglepangu_jax.training.corpus`), made in order until the answer tokens
    reach the target; every ``heldout_every``-th shard is held out (never trained on).
-3. **Manifest** (``manifest.json``, rewritten atomically after every shard): the teacher
+3. **Manifest** (``manifest.json``, rewritten atomically after every new shard; a resumed
+   run that only replays recorded shards leaves it as it is): the teacher
    fingerprint, the settings, the prompt mix and filter counts, and per shard its key, sha256,
    counts and split, with totals.
 """
@@ -177,6 +178,12 @@ def build_corpus(
     # loses at most one shard; earlier prompts never move when batches are added.
     batches = 4
     shards: list[dict[str, Any]] = []
+    # A resumed run replays the shards already made, in order, before it makes new ones.
+    # While it only replays what the manifest on disk records, that manifest is left alone:
+    # rewriting it shard by shard would leave it shorter than the corpus if the run is
+    # stopped during the replay, and a lower target would shrink it.
+    recorded = _recorded_keys(directory, plan, fingerprint)
+    grown = False
     t0 = time.perf_counter()
     while True:
         prompts = prompt_list(
@@ -197,10 +204,13 @@ def build_corpus(
                 break
 
             def record(i, meta, index=index, prompts=prompts):
-                nonlocal total
+                nonlocal total, grown
                 shards.append(_entry(meta, plan.held_out(index)))
                 total += meta["answer_tokens"]
-                write_manifest(directory, plan, fingerprint, prompts, shards)
+                replayed = index < len(recorded) and recorded[index] == meta["key"]
+                grown = grown or not replayed
+                if grown:
+                    write_manifest(directory, plan, fingerprint, prompts, shards)
                 if progress is not None:
                     rate = total / max(time.perf_counter() - t0, 1e-9)
                     progress(
@@ -221,8 +231,27 @@ def build_corpus(
                 meta = json.loads((answers_dir / f"{keys[0]}.json").read_text())
                 record(0, meta)
         if total >= plan.target_answer_tokens:
-            return write_manifest(directory, plan, fingerprint, prompts, shards)
+            if grown or not recorded:
+                return write_manifest(directory, plan, fingerprint, prompts, shards)
+            return read_manifest(directory)  # reached by replay alone: the manifest stands
         batches += 4
+
+
+def _recorded_keys(directory: Path, plan: CorpusPlan, fingerprint: str) -> list[str]:
+    """The shard keys of the manifest in ``directory``, in order, if it was made by this
+    teacher under this plan (its target aside); else none."""
+    try:
+        manifest = read_manifest(directory)
+    except ValueError:
+        return []
+    planned = json.loads(json.dumps(dataclasses.asdict(plan)))  # tuples as JSON reads them
+    same_plan = {**manifest.get("plan", {}), "target_answer_tokens": None} == {
+        **planned,
+        "target_answer_tokens": None,
+    }
+    if manifest.get("teacher") != fingerprint or not same_plan:
+        return []
+    return [str(s.get("key")) for s in manifest.get("shards", []) if isinstance(s, dict)]
 
 
 def _entry(meta: dict[str, Any], held_out: bool) -> dict[str, Any]:
