@@ -59,7 +59,7 @@ find "$corpus" -type f | sort | comm -13 /tmp/eaglepangu-corpus-before.txt - | w
 done
 cp "$corpus/manifest.json" "$out/corpus/manifest.json"
 
-mkdir -p "$out/eagle3"
+mkdir -p "$out/eagle3" /tmp/eaglepangu-train
 timeout --signal=INT --kill-after=30 "$train_seconds" \
     python3 -m eaglepangu_jax.cli --compile-cache /tmp/eaglepangu-xla train-draft \
     --kind eagle3 --corpus "$corpus" --out /tmp/eaglepangu-train/eagle3_ckpt \
