@@ -96,7 +96,7 @@ def test_run_bench_records_and_follows_greedy_answers(teacher):
         assert g["identical_to_greedy"] and g["speedup"] == 1.0 and g["rounds"] == 12
         # The controller's cost scales after each turn, for the controlled method only.
         assert "cost_correction" not in g
-        assert set(n["cost_correction"]) == {"plain_scale", "spec_scale", "segments"}
+        assert set(n["cost_correction"]) == {"plain_scale", "spec_scale", "segments", "windows"}
         # Greedy acceptance is lossless: the n-gram method reproduces greedy exactly.
         assert n["identical_to_greedy"] and n["divergence_index"] is None
         assert n["speedup"] == pytest.approx(n["tokens_per_s"] / g["tokens_per_s"])
