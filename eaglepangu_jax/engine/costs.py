@@ -20,12 +20,12 @@ of ``a`` toward 1 and a weak pull of ``b`` toward ``a``: when only one kind of r
 the other scale follows the machine's overall speed instead of staying where it was. Both
 stay within ``[1/4, 4]``.
 
-Two rules keep one odd stretch of text from steering the controller for good (both were
-measured to matter: docs/RESULTS.md, "Per-category 2 under the default controller"):
+Two rules keep one odd stretch of text from steering the controller for good:
 
 * **One fit per attention window.** A segment runs at one window, and the curve is predicted
   at the prompt's window; a long turn's later segments attend twice as many positions. Fitted
-  together, such a segment moved the scales of every later short turn. Each window keeps its
+  together, such a segment moved the scales of every later short turn (measured:
+  docs/RESULTS.md, "Per-category 2 after the cost fit went per window"). Each window keeps its
   own fit; a window never seen starts from the uncorrected curve.
 * **Evidence about a kind of round fades while that kind does not run.** The controller's
   choice depends only on ``a / b``; once it speculates in every round (or in none) the
@@ -33,9 +33,10 @@ measured to matter: docs/RESULTS.md, "Per-category 2 under the default controlle
   segments would hold for as long as the old evidence lasts. So from the second segment in a
   row without plain rounds, each such segment multiplies the weight of the earlier segments
   that had some by ``stale_decay`` (and the same for speculative rounds; one segment without
-  a kind is ordinary alternation and fades nothing). The unseen scale then returns to the machine's
-  overall speed (the pull toward each other), the controller weighs the rounds on the
-  calibrated ratio again, and fresh evidence of both kinds follows.
+  a kind is ordinary alternation and fades nothing). The unseen scale then returns to the
+  machine's overall speed (the pull toward each other), the controller weighs the rounds on
+  the calibrated ratio again, and fresh evidence of both kinds follows. (A safeguard, shown on
+  synthetic segments in the tests; the benchmarks have not isolated its effect.)
 
 The object is host-side and mutable (not a pytree, never traced): a caller that keeps one per
 method passes it to every :func:`~eaglepangu_jax.engine.decode.generate` call. The corrected
