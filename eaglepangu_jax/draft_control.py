@@ -18,6 +18,20 @@ round (:func:`update`, pure and jittable):
   speculative round that pays resets it to ``min_backoff``. So a drafter that never pays
   speculates in about ``1 / max_backoff`` of the rounds, while one that starts paying
   (repetitive text) is retried within ``max_backoff + 1`` rounds.
+* **Near-free drafters propose every round.** When drafting costs at most
+  ``free_draft_share`` of a plain step (:func:`drafts_freely`: the n-gram drafter's lookup
+  costs about 1% of one), the gate has nothing to save: the drafter proposes every round and
+  the node budget decides, on the proposal itself, whether anything is verified. The gate
+  would decide *before* the drafter has looked for a match, from a running average; for a
+  retrieval drafter whose proposals are empty in about half the rounds that average mixes the
+  two kinds of round, and the gate misses the rounds that have a match. Only rounds that
+  verify at least one node count as speculative for such a drafter (an empty proposal cost
+  nothing), so probes still come due while its proposals are pruned to nothing, and a due
+  probe verifies on the drafter's own scores (the engine's ``decide``).
+* **Drafters that cannot pay.** When even an oracle could not pay (:func:`oracle_pays`:
+  drafting costs more than ``depth`` accepted tokens save), the engine decodes plainly and
+  never runs the drafter (:func:`eaglepangu_jax.engine.decode.generate`): probing it would
+  only lose, and a draft model would still have to read every emitted token.
 * **Budget.** :func:`choose_nodes` runs BASTION's stop rule (:func:`budget.choose_budget`) on
   the calibrated scores and prunes the tree to the best calibrated nodes.
 
@@ -47,6 +61,8 @@ __all__ = [
     "AcceptanceStats",
     "calibrated_logscores",
     "speculation_pays",
+    "drafts_freely",
+    "oracle_pays",
     "should_draft",
     "update",
     "choose_nodes",
@@ -69,6 +85,8 @@ class ControlConfig:
       ema_weight: in ``(0, 1]``, weight of the newest round in both EMAs.
       min_backoff: ``>= 1``, rounds without drafting before a probe, after a success.
       max_backoff: ``>= min_backoff``, cap of the doubling backoff.
+      free_draft_share: in ``[0, 1)``, drafting that costs at most this share of a plain step
+        is treated as free: the drafter proposes every round (:func:`drafts_freely`).
       backlog_rows: ``>= 1``, teacher-feature rows kept for a stateful drafter between the
         rounds it drafts in; it catches up on them when it next drafts, or when one more
         round might not fit (so at most every ``backlog_rows - D`` plain tokens).
@@ -82,6 +100,7 @@ class ControlConfig:
     ema_weight: float = 0.1
     min_backoff: int = 4
     max_backoff: int = 64
+    free_draft_share: float = 0.05
     backlog_rows: int = 32
 
     def __post_init__(self):
@@ -94,6 +113,7 @@ class ControlConfig:
             "ema_weight": (lambda v: 0 < v <= 1, "in (0, 1]"),
             "min_backoff": (lambda v: isinstance(v, int) and v >= 1, "an int >= 1"),
             "backlog_rows": (lambda v: isinstance(v, int) and v >= 1, "an int >= 1"),
+            "free_draft_share": (lambda v: 0 <= v < 1, "in [0, 1)"),
             "max_backoff": (
                 lambda v: isinstance(v, int) and v >= self.min_backoff,
                 "an int >= min_backoff",
@@ -199,6 +219,35 @@ def speculation_pays(
     return finite & (plain > 0) & (spec > 0) & ((1.0 + accepted) * plain > spec)
 
 
+def oracle_pays(
+    depth: int, verify_latency: Float[ArrayLike, " N+1"], t_draft: Scalar
+) -> Bool[Array, ""]:
+    """Could speculation pay at all? :func:`speculation_pays` for an oracle drafter whose
+    chain of ``d = min(depth, N)`` nodes is always accepted, the best a round can do (it emits
+    at most ``d + 1`` tokens and verifies at least ``d`` nodes to do so). False also when a
+    cost is not finite (jittable)."""
+    verify = jnp.asarray(verify_latency, jnp.float32)
+    if verify.ndim != 1 or verify.shape[0] < 2:
+        raise ValueError(f"verify_latency must have shape [N + 1] with N >= 1, got {verify.shape}")
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    best = float(min(depth, verify.shape[0] - 1))
+    return speculation_pays(best, best, verify, t_draft)
+
+
+def drafts_freely(
+    config: ControlConfig, verify_latency: Float[ArrayLike, " N+1"], t_draft: Scalar
+) -> Bool[Array, ""]:
+    """True when drafting costs at most ``config.free_draft_share`` of a plain step ``T[0]``
+    (jittable): such a drafter proposes every round and the node budget decides. False when
+    ``t_draft`` or ``T[0]`` is not finite or not positive (``t_draft = 0``, an unmeasured
+    cost, counts: the controller's cost model then charges nothing for drafting either)."""
+    plain = jnp.asarray(verify_latency, jnp.float32)[0]
+    t_draft = jnp.asarray(t_draft, jnp.float32)
+    finite = jnp.isfinite(plain) & jnp.isfinite(t_draft) & (plain > 0) & (t_draft >= 0)
+    return finite & (t_draft <= config.free_draft_share * plain)
+
+
 def _probe_due(stats: AcceptanceStats, config: ControlConfig) -> Bool[Array, ""]:
     backoff = jnp.clip(stats.backoff, config.min_backoff, config.max_backoff)
     return stats.rounds_since_draft >= backoff
@@ -210,13 +259,15 @@ def should_draft(
     verify_latency: Float[ArrayLike, " N+1"],
     t_draft: Scalar,
 ) -> Bool[Array, ""]:
-    """Speculate this round? True if it is expected to pay, or an exploration probe is due.
+    """Draft this round? True if speculation is expected to pay, an exploration probe is due,
+    or drafting is free (:func:`drafts_freely`; the node budget then decides).
 
     Uses :func:`speculation_pays` on ``accepted_ema`` and ``nodes_ema``; non-finite statistics
     or latencies mean plain decoding except for due probes (jittable).
     """
     pays = speculation_pays(stats.accepted_ema, stats.nodes_ema, verify_latency, t_draft)
-    return pays | _probe_due(stats, config)
+    free = drafts_freely(config, verify_latency, t_draft)
+    return pays | _probe_due(stats, config) | free
 
 
 def update(

@@ -222,9 +222,10 @@ plt.show()
 # One round costs `C(N) = t_draft + t_other + T_verify(N)`, with `T_verify(N)` the forward over
 # the root plus `N` nodes (`verify_latencies` tabulates it). We assume a drafter that costs a
 # tenth of a one-token teacher step and the same again for the rest of the round (acceptance,
-# cache commit). `choose_budget` grows the best-first tree while S still rises, comparing
-# `ρ_{N+1} · C(N)` with `A(N) · (T(N+1) − T(N))`, without a division. Because A is concave and
-# C convex, that first peak is the global one.
+# cache commit). `choose_budget` scans every N and takes the largest S. With this smooth
+# roofline (A concave, C convex) the first peak is already the global one; the engine's
+# bucketed verify cost is a staircase, where it is not (a 4th node that moves the round to the
+# 8-slot forward rarely pays alone, while four more do).
 
 # %%
 logscores = big.logscore[1:]
@@ -243,7 +244,10 @@ def controller(roofline, calibration, context=ATTENDED):
 
 
 chosen, speed = controller(cpu, calib)
-assert speed[chosen] >= speed.max() * (1 - 1e-5), "the first local peak should be global"
+assert speed[chosen] >= speed.max() * (1 - 1e-5), "choose_budget must find the peak"
+# On this smooth curve nothing beyond the chosen N comes back up: the first peak is global.
+slack = 1e-5 * speed.max()
+assert np.all(np.diff(speed[: chosen + 1]) >= -slack) and np.all(np.diff(speed[chosen:]) <= slack)
 print(
     f"this machine: verify {chosen} nodes per round, "
     f"{speed[chosen]:.1f} tokens/s vs {speed[0]:.1f} for plain decoding (N = 0)"

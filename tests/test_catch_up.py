@@ -31,6 +31,9 @@ BUDGET, DEPTH, NEW = 4, 3, 40
 PROMPT = [5, 9, 14, 3, 22, 7, 40, 11, 5, 9]
 # One-slot verify 20 ms, anything wider ruinous: only exploration probes draft.
 RUINOUS = jnp.asarray([0.02] + [1e3] * BUDGET, jnp.float32)
+# Drafting at a quarter of a plain step: not free, so the controller's gate decides (a free
+# drafter would propose, and so catch up, every round).
+DRAFT_COST = jnp.float32(0.005)
 # A small backlog so that a run of plain rounds fills it and forces a flush.
 CONTROL = draft_control.ControlConfig(backlog_rows=8)
 
@@ -113,7 +116,7 @@ def test_plain_rounds_defer_the_update_and_catching_up_is_exact(teacher, kind):
     plain = flushes = 0
     while not bool(state.done):
         before = state
-        state, info = step(static, teacher.params, params, state, RUINOUS)
+        state, info = step(static, teacher.params, params, state, RUINOUS, DRAFT_COST)
         pending = int(state.num_features)
         if int(info.num_nodes) == 0 and pending > int(before.num_features):
             # A plain round that did not flush: the drafter's state is bit-for-bit the same.

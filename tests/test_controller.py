@@ -216,6 +216,63 @@ def test_oracle_drafter_speculates_every_round(teacher, greedy):
     assert drafted_rounds(result, calls) == list(range(result.stats.rounds))
 
 
+@pytest.mark.parametrize("oracle", [False, True], ids=["never", "oracle"])
+def test_free_drafter_proposes_every_round_and_the_budget_decides(teacher, greedy, oracle):
+    """Drafting at no cost (the n-gram drafter's lookup is ~1% of a step): the drafter runs in
+    every round, so no match is missed by deciding too early. The node budget, on the
+    calibrated scores, then decides what is verified: the never-matching drafter still
+    verifies nodes only in rare probes, the oracle in every round."""
+    assert bool(draft_control.drafts_freely(draft_control.ControlConfig(), CURVE, 0.0))
+    truth = greedy(tuple(PROMPT), NEW + DEPTH + 1)
+    plain = greedy(tuple(PROMPT))
+    unused = sorted(set(range(CFG.vocab_size)) - set(plain))
+    params = table(truth) if oracle else table([unused[0]] * TABLE_SIZE)
+    result, calls = calls_during(
+        lambda: engine.generate(
+            teacher, TABLE, PROMPT, spec(), draft_params=params, verify_latency=CURVE
+        )
+    )
+    assert result.tokens == plain
+    assert drafted_rounds(result, calls) == list(range(result.stats.rounds))
+    spec_rounds = speculated(result)
+    if oracle:
+        assert all(spec_rounds)
+        assert all(a == DEPTH for a in result.stats.accepted_per_round)
+    else:
+        late = spec_rounds[WARM_UP:]
+        assert spec_rounds[0], "the drafter's own scores are trusted at first"
+        assert sum(late) < 0.1 * len(late), f"speculated in {sum(late)} of {len(late)} rounds"
+        assert sum(late) >= 1, "exploration probes must keep retrying the drafter"
+
+
+def test_a_drafter_that_cannot_pay_even_as_an_oracle_never_runs(teacher, greedy):
+    """Drafting that costs more than ``DEPTH`` accepted tokens save (the truncated-teacher
+    draft on this machine class): the call decodes plainly and never runs the drafter, not
+    even as a probe, though it would be perfect. Just below the threshold it does run."""
+    truth = greedy(tuple(PROMPT), NEW + DEPTH + 1)
+    latency = np.asarray(CURVE)
+    threshold = (1 + DEPTH) * latency[0] - latency[DEPTH]  # the oracle's break-even t_draft
+    assert not gen.speculation_hopeless(spec(), CURVE, 0.99 * threshold)
+    assert gen.speculation_hopeless(spec(), CURVE, 1.01 * threshold)
+    assert not gen.speculation_hopeless(spec(), jnp.full_like(CURVE, jnp.nan), 1.0)
+    assert not gen.speculation_hopeless(spec(policy="drafter"), CURVE, 1.0)
+    for t_draft, hopeless in [(1.01 * threshold, True), (0.9 * threshold, False)]:
+        run = functools.partial(
+            engine.generate,
+            teacher,
+            TABLE,
+            PROMPT,
+            spec(max_new_tokens=40),
+            draft_params=table(truth),
+            verify_latency=CURVE,
+            draft_seconds=float(t_draft),
+        )
+        result, calls = calls_during(run)
+        assert result.tokens == truth[:40]
+        assert (calls == []) == hopeless
+        assert any(n > 0 for n in result.stats.nodes_per_round) != hopeless
+
+
 # ------------------------------------------------------------------ 3: lossless, any curve
 
 NGRAM = NGramDrafter(budget=BUDGET, depth=DEPTH, num_matches=4)
@@ -239,9 +296,12 @@ def test_ngram_under_auto_equals_greedy(teacher, greedy, curve):
         late = spec_rounds[WARM_UP:]
         assert sum(late) > 0.5 * len(late), "the n-gram drafter matches most rounds"
         assert sum(result.stats.accepted_per_round) > 0, "nothing accepted: a vacuous test"
-    if curve in ("never-pays", "nan"):
-        # Speculation is not expected to pay (prohibitive or unknown costs): plain rounds,
-        # apart from exploration probes.
+    if curve == "never-pays":
+        # Prohibitive costs: not even an oracle could pay, so not even a probe is made.
+        assert gen.speculation_hopeless(spec(), latency, t_draft)
+        assert not any(spec_rounds)
+    if curve == "nan":
+        # Unknown costs: plain rounds, apart from exploration probes.
         assert only_probes(spec_rounds)
         assert any(spec_rounds), "the probes verify the drafter's best nodes"
 
@@ -433,10 +493,14 @@ PASS_P = 1e-3
 CONTROL_P = 1e-6
 MIN_EXPECTED = 5.0  # chi-square cells with a smaller expected count are pooled
 SAMPLE_BUDGET = 4
-# Round 1 pays (accepted_ema starts at 1 and nodes_ema at 4: 2 T[0] > T[4]) and keeps up to
-# 3 nodes (free on this curve); after a rejection (accepted_ema 0.9) speculation no longer
-# pays, so round 2 is plain: what the controller does depends on what was sampled before.
-SAMPLE_CURVE = jnp.asarray([1.0, 1.0, 1.0, 1.0, 1.95], jnp.float32) * 0.01
+# With drafting costing 6% of a plain step (above the controller's free share, so the gate
+# decides): round 1 pays (accepted_ema starts at 1 and nodes_ema at 4: 2 T[0] > t_draft +
+# T[4]) and keeps up to 3 nodes (free on this curve); after a rejection (accepted_ema 0.9)
+# speculation no longer pays, so round 2 is plain: what the controller does depends on what
+# was sampled before. With drafting free, the drafter proposes every round instead and the
+# node budget decides.
+SAMPLE_CURVE = jnp.asarray([1.0, 1.0, 1.0, 1.0, 1.9], jnp.float32) * 0.01
+SAMPLE_GATED_DRAFT = 0.0006
 SAMPLE_NGRAM = NGramDrafter(budget=SAMPLE_BUDGET, depth=2, num_matches=4)
 SAMPLE_SPEC = SpecConfig(
     budget=SAMPLE_BUDGET,
@@ -514,29 +578,30 @@ def p_value(samples, law):
     return chisquare(observed, probs / probs.sum() * len(samples)).pvalue
 
 
-def test_sampling_under_auto_is_exact(small_params):
+@pytest.mark.parametrize("draft_seconds", [SAMPLE_GATED_DRAFT, 0.0], ids=["gated", "free"])
+def test_sampling_under_auto_is_exact(small_params, draft_seconds):
     teacher = engine.Teacher(SMALL, small_params)
     assert SAMPLE_SPEC.policy == "auto"
+    costs = dict(verify_latency=SAMPLE_CURVE, draft_seconds=draft_seconds)
+    config = draft_control.ControlConfig()
+    free = bool(draft_control.drafts_freely(config, SAMPLE_CURVE, draft_seconds))
+    assert free == (draft_seconds == 0.0)
     samples = engine.sample_many(
-        teacher,
-        SAMPLE_NGRAM,
-        SAMPLE_PROMPT,
-        SAMPLE_SPEC,
-        SAMPLES,
-        verify_latency=SAMPLE_CURVE,
-        chunk=CHUNK,
+        teacher, SAMPLE_NGRAM, SAMPLE_PROMPT, SAMPLE_SPEC, SAMPLES, chunk=CHUNK, **costs
     )
-    # The same streams through generate_batch, for the statistics: the controller mixed
-    # speculative and plain rounds, and drafts were both accepted and rejected.
+    # The same streams through generate_batch, for the statistics: drafts were both accepted
+    # and rejected, and under the gate the controller mixed speculative and plain rounds.
     runs = engine.generate_batch(
-        teacher, SAMPLE_NGRAM, [SAMPLE_PROMPT] * CHUNK, SAMPLE_SPEC, verify_latency=SAMPLE_CURVE
+        teacher, SAMPLE_NGRAM, [SAMPLE_PROMPT] * CHUNK, SAMPLE_SPEC, **costs
     )
     assert [r.tokens for r in runs] == samples[:CHUNK]
     assert all(r.stats.nodes_per_round[0] > 0 for r in runs), "round 1 must speculate"
     accepted = [r.stats.accepted_per_round[0] > 0 for r in runs]
     assert 0.1 < np.mean(accepted) < 0.9
     second = [r.stats.nodes_per_round[1:] for r in runs if len(r.stats.nodes_per_round) > 1]
-    assert second and all(n == (0,) for n in second), "after a rejection round 2 is plain"
+    assert second
+    if not free:
+        assert all(n == (0,) for n in second), "after a rejection round 2 is plain"
 
     law = two_token_law(small_params, 1.0)
     assert abs(law.sum() - 1.0) < 1e-9

@@ -131,6 +131,15 @@ def ref_pays(accepted, nodes, latency, t_draft):
     return rates[n] > plain, abs(rates[n] - plain) / plain
 
 
+def ref_free(latency, t_draft, share=0.05):
+    """Drafting is free: ``0 <= t_draft <= share * T[0]``, both finite, ``T[0] > 0``; also the
+    distance of ``t_draft`` from the threshold, relative to ``T[0]``."""
+    plain = float(np.asarray(latency, np.float64)[0])
+    if not (np.isfinite(plain) and np.isfinite(t_draft)) or plain <= 0 or t_draft < 0:
+        return False, math.inf
+    return t_draft <= share * plain, abs(t_draft - share * plain) / plain
+
+
 def ref_update(stats, config, tree, length, path, speculated, paid=None):
     rounds, backoff = int(stats.rounds_since_draft), int(stats.backoff)
     if not speculated:
@@ -197,6 +206,8 @@ def test_config_validation_names_the_field():
         ("max_backoff", 2),
         ("num_bins", 2.5),
         ("initial_nodes", math.nan),
+        ("free_draft_share", 1.0),
+        ("free_draft_share", -0.1),
     ]:
         with pytest.raises(ValueError, match=field):
             dataclasses.replace(CONFIG, **{field: bad})
@@ -257,8 +268,23 @@ def test_should_draft_matches_brute_force(accepted, nodes, latency, t_draft, rou
         rounds_since_draft=jnp.int32(rounds),
         backoff=jnp.int32(backoff),
     )
+    free, free_margin = ref_free(latency, t_draft)
+    assume(free_margin > 1e-4)
+    assert bool(dc.drafts_freely(CONFIG, latency, t_draft)) == free
     due = rounds >= min(max(backoff, CONFIG.min_backoff), CONFIG.max_backoff)
-    assert bool(should_draft_jit(stats, CONFIG, latency, t_draft)) == (pays or due)
+    assert bool(should_draft_jit(stats, CONFIG, latency, t_draft)) == (pays or due or free)
+
+
+@given(
+    st.lists(st.one_of(f32(1e-4, 1), nasty), min_size=2, max_size=9),
+    st.one_of(f32(0, 0.5), nasty),
+    st.integers(1, 12),
+)
+def test_oracle_pays_matches_brute_force(latency, t_draft, depth):
+    best = min(depth, len(latency) - 1)
+    pays, margin = ref_pays(best, best, latency, t_draft)
+    assume(margin > 1e-4)
+    assert bool(dc.oracle_pays(depth, np.asarray(latency, np.float32), t_draft)) == pays
 
 
 @given(stats_strategy(), tree_strategy(), st.data(), st.booleans())
@@ -325,13 +351,11 @@ def test_choose_nodes_matches_numpy(stats, tree, base, steps, t_draft):
                 j = int(parents[j])
                 capped[i] = min(capped[i], calibrated[j])
     rho = np.exp(np.sort(capped[1:])[::-1])
-    want, cost = 0, t_draft + 0.001 + latency.astype(np.float64)
-    while want < SLOTS - 1:
-        gain = (1 + rho[:want].sum()) * (latency[want + 1] - latency[want])
-        assume(abs(rho[want] * cost[want] - gain) > 1e-4 * abs(gain) + 1e-9)
-        if rho[want] * cost[want] <= gain:
-            break
-        want += 1
+    cost = t_draft + 0.001 + latency.astype(np.float64)
+    speed = np.concatenate([[1.0], 1.0 + np.cumsum(rho)]) / cost  # every node count scanned
+    want = int(np.argmax(speed))  # the first of equal maxima
+    others = np.delete(speed, want)
+    assume(np.all(speed[want] - others > 1e-4 * speed[want]) or np.all(rho == 0))
     assert n == min(want, int(np.sum(valid[1:])))
     # The n best calibrated nodes (ties to the lower slot), packed in slot order, raw scores.
     ranked = sorted((i for i in range(1, SLOTS) if valid[i]), key=lambda i: (-capped[i], i))
@@ -417,7 +441,7 @@ def test_nan_means_plain_decoding_except_due_probes(field):
         else good
     )
     latency = np.full_like(LATENCY, math.nan) if field == "latency" else LATENCY
-    t_draft = math.nan if field == "t_draft" else 0.0005
+    t_draft = math.nan if field == "t_draft" else 0.002  # not free: the gate decides
     assert not bool(should_draft_jit(stats, CONFIG, latency, t_draft))
     due = dataclasses.replace(stats, rounds_since_draft=good.backoff)
     assert bool(should_draft_jit(due, CONFIG, latency, t_draft))

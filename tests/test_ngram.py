@@ -1,5 +1,7 @@
 """N-gram (prompt-lookup) drafter: literal trees, committed-only reads, properties, jit/vmap."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,19 +43,26 @@ def test_two_repeats_of_a_bigram():
     # a b c d x b c e y b c: the suffix "b c" occurred at end positions 6 and 2.
     a, b, c, d, x, e, y = 10, 2, 3, 4, 11, 5, 12
     buf = [a, b, c, d, x, b, c, e, y, b, c]
-    drafter = NGramDrafter(depth=3, budget=6)
+    drafter = NGramDrafter(depth=3, budget=6, continue_prob=1.0)
     tree = drafter.propose(None, None, context(buf, 11, capacity=16), KEY).tree
     np.testing.assert_array_equal(tree.tokens, [c, e, y, b, d, x, b])
     np.testing.assert_array_equal(tree.parents, [0, 0, 1, 2, 0, 4, 5])
     assert bool(jnp.all(tree.valid))
     # Two equally long matches: each path carries half the weight.
     np.testing.assert_allclose(tree.logscore, [0.0] + [np.log(0.5)] * 6, rtol=1e-6)
+    # By default each depth past the first multiplies by continue_prob (0.8).
+    decayed = dataclasses.replace(drafter, continue_prob=0.8)
+    tree = decayed.propose(None, None, context(buf, 11, capacity=16), KEY).tree
+    half, q = np.log(0.5), np.log(0.8)
+    np.testing.assert_allclose(
+        tree.logscore, [0.0, half, half + q, half + 2 * q, half, half + q, half + 2 * q], rtol=1e-6
+    )
 
 
 def test_longer_match_first_and_continuation_stops_at_root():
     # 1 2 3 1 2 3 1 2: "3 1 2" ends at 4 (length 3), "1 2" ends at 1 (length 2). The first
     # continuation reaches the root after 3 tokens; the second is cut at depth 4.
-    drafter = NGramDrafter(depth=4, budget=6, length_weight=2.0)
+    drafter = NGramDrafter(depth=4, budget=6, length_weight=2.0, continue_prob=1.0)
     tree = drafter.tree(jnp.asarray([1, 2, 3, 1, 2, 3, 1, 2, SENTINEL, SENTINEL]), 8)
     paths, path_len, match_len = find_candidates(
         jnp.asarray([1, 2, 3, 1, 2, 3, 1, 2]), 8, min_ngram=1, max_ngram=3, num_matches=3, depth=4
@@ -148,6 +157,9 @@ def test_registry():
         NGramDrafter(min_ngram=4, max_ngram=3)
     with pytest.raises(ValueError, match="budget"):
         NGramDrafter(budget=0)
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="continue_prob"):
+            NGramDrafter(continue_prob=bad)
 
 
 def test_state_is_passed_through():

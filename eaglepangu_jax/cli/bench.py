@@ -216,6 +216,10 @@ def run_demo(parser, args, teacher=None, renderer=None) -> int:
     except (ValueError, DrafterUnavailableError) as err:
         args_lib.note(f"shipped drafter: ngram (eagle3 unavailable: {err})")
     methods.append(make_method("ngram", spec))
+    try:
+        methods.append(make_method("block", spec, default_depth=True))
+    except (ValueError, DrafterUnavailableError) as err:
+        args_lib.note(f"block drafter left out: {err}")
     conversations = demo_conversations()
     args_lib.note(
         f"loading SmolLM2-135M-Instruct; {len(conversations)} turns x {len(methods)} methods, "

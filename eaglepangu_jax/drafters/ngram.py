@@ -126,8 +126,15 @@ class NGramDrafter:
       num_matches: candidate continuations merged into the tree, ``M``.
       budget: tree nodes, root excluded (the tree has ``budget + 1`` slots).
       length_weight: a path matched on ``n`` tokens weighs ``length_weight ** (n - 1)``;
-        node logscores are the log of the weight share of the paths through the node, so a
-        longer or more frequent match counts as more likely.
+        a node's logscore is the log of the weight share of the paths through it, so a
+        longer or more frequent match counts as more likely...
+      continue_prob: ...times ``continue_prob ** (depth - 1)``: a copied continuation is
+        less likely to hold the further it goes. The weight share alone gives every node of
+        a lone match probability 1 at every depth, so the ``"auto"`` controller's bins of
+        predicted probability (:mod:`eaglepangu_jax.draft_control`) mixed first tokens with
+        deep ones and learnt one acceptance rate for all; with the depth factor each depth
+        falls into its own bins and the bins learn how far matches really run (``1.0``
+        restores the plain weight share).
     """
 
     name: ClassVar[str] = "ngram"
@@ -138,6 +145,7 @@ class NGramDrafter:
     num_matches: int = 8
     budget: int = 16
     length_weight: float = 2.0
+    continue_prob: float = 0.8
 
     def __post_init__(self):
         if self.min_ngram < 1 or self.max_ngram < self.min_ngram:
@@ -150,6 +158,8 @@ class NGramDrafter:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
         if not self.length_weight > 0:
             raise ValueError(f"length_weight must be > 0, got {self.length_weight}")
+        if not 0 < self.continue_prob <= 1:
+            raise ValueError(f"continue_prob must be in (0, 1], got {self.continue_prob}")
 
     @property
     def max_depth(self) -> int:
@@ -192,8 +202,13 @@ class NGramDrafter:
         )
         weight = self._weights(match_len)
         last = jnp.clip(jnp.asarray(num_tokens, jnp.int32) - 1, 0, tokens.shape[0] - 1)
-        return tree_lib.from_paths(
+        tree = tree_lib.from_paths(
             tokens[last], paths, path_len, budget=self.budget, path_weight=weight
+        )
+        further = jnp.maximum(tree.depth - 1, 0).astype(jnp.float32)
+        decay = further * jnp.log(jnp.float32(self.continue_prob))
+        return dataclasses.replace(
+            tree, logscore=jnp.where(tree.valid, tree.logscore + decay, -jnp.inf)
         )
 
     def _weights(self, match_len: Int[Array, " M"]) -> Float[Array, " M"]:

@@ -51,6 +51,7 @@ __all__ = [
     "eos_id_of",
     "nominal_verify_latency",
     "state_after_prefill",
+    "speculation_hopeless",
     "finish_tokens",
     "result_from_state",
     "generate",
@@ -348,6 +349,21 @@ def _shapes(tree: Any) -> tuple:
     return tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(tree))
 
 
+def speculation_hopeless(spec: SpecConfig, verify_latency: Any, draft_seconds: float) -> bool:
+    """True when the ``"auto"`` controller would decode plainly from the start: the costs are
+    known (finite) and even an oracle drafter, every node accepted, would emit fewer tokens
+    per second than plain decoding (:func:`eaglepangu_jax.draft_control.oracle_pays`).
+    :func:`generate` then never runs the drafter: not its proposals, which could not pay,
+    and not its prefill and per-round updates either, which for a draft model (the truncated
+    teacher) cost about a teacher forward per token and alone made it lose 17%."""
+    if spec.policy != "auto" or verify_latency is None:
+        return False
+    latency = np.asarray(verify_latency, np.float32)
+    if not (np.all(np.isfinite(latency)) and np.isfinite(draft_seconds)):
+        return False  # unknown costs: the controller's probes decide
+    return not bool(draft_control.oracle_pays(spec.depth, latency, draft_seconds))
+
+
 def decode_loop(
     teacher,
     drafter,
@@ -444,7 +460,9 @@ def generate(
         ``n`` nodes, drafting excluded, for the ``"auto"`` policy (default: the nominal
         roofline, :func:`nominal_verify_latency`; calibrated curves come from
         :mod:`eaglepangu_jax.calibration`).
-      draft_seconds: predicted seconds the drafter takes per round (``"auto"``).
+      draft_seconds: predicted seconds the drafter takes per round (``"auto"``). When these
+        costs say that even an oracle drafter could not pay, the call decodes plainly and
+        the drafter never runs (:func:`speculation_hopeless`).
       stream: random stream index: the PRNG key is ``fold_in(key(spec.seed), stream)``;
         sequence ``i`` of :func:`generate_batch` uses stream ``i``.
       correction: under ``"auto"``, the :class:`~eaglepangu_jax.engine.costs.CostCorrection`
@@ -459,6 +477,13 @@ def generate(
     validate(teacher, drafter, prompt_ids, spec)
     eos_id = eos_id_of(teacher, spec)
     capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
+    if drafter is not None and verify_latency is not None:
+        latency, t_draft = np.asarray(verify_latency, np.float32), float(draft_seconds)
+        if correction is not None:  # the costs the first segment would run on
+            window = window_for(len(prompt_ids) + spec.budget + 1, capacity)
+            latency, t_draft = correction.apply(latency, t_draft, window)
+        if speculation_hopeless(spec, latency, t_draft):
+            drafter, draft_params = None, None
     t0 = time.perf_counter()
     state = init_state(
         teacher,
@@ -507,6 +532,8 @@ def generate_batch(
         raise ValueError("no prompts given")
     for p in prompts:
         validate(teacher, drafter, p, spec)
+    if drafter is not None and speculation_hopeless(spec, verify_latency, draft_seconds):
+        drafter, draft_params = None, None
     eos_id = eos_id_of(teacher, spec)
     capacity = max(cache_slots(len(p), spec, teacher.config.max_position) for p in prompts)
     t0 = time.perf_counter()

@@ -17,6 +17,7 @@ from eaglepangu_jax.engine.decode import (
     decode_loop,
     eos_id_of,
     init_state,
+    speculation_hopeless,
     validate,
 )
 from eaglepangu_jax.engine.result import finish_tokens
@@ -36,6 +37,7 @@ def sample_many(
     *,
     draft_params: Any = None,
     verify_latency: Any = None,
+    draft_seconds: float = 0.0,
     chunk: int = SAMPLE_CHUNK,
 ) -> list[list[int]]:
     """``num_samples`` independent generations of one prompt, prefilled once.
@@ -45,12 +47,16 @@ def sample_many(
     useful for best-of-n and for checking losslessness statistically. Streams are decoded
     ``chunk`` at a time (the results do not depend on it): every stream carries its own KV
     cache and ``[slots, vocab]`` probabilities, and 384 streams at once took over 17 GB.
+    ``verify_latency`` and ``draft_seconds`` are the ``"auto"`` controller's costs, as in
+    :func:`eaglepangu_jax.engine.decode.generate`.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     validate(teacher, drafter, prompt_ids, spec)
+    if drafter is not None and speculation_hopeless(spec, verify_latency, draft_seconds):
+        drafter, draft_params = None, None
     eos_id = eos_id_of(teacher, spec)
     capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
     state = init_state(
@@ -79,6 +85,7 @@ def sample_many(
             capacity,
             batched=True,
             verify_latency=verify_latency,
+            draft_seconds=draft_seconds,
         )
         tokens, num = np.asarray(done.tokens), np.asarray(done.num_tokens)
         results += [

@@ -51,6 +51,7 @@ __all__ = [
     "propose_tree",
     "plan_round",
     "decide",
+    "speculated",
     "draft_if",
     "catch_up",
     "feature_rows",
@@ -233,16 +234,17 @@ def plan_round(
     verify_latency: Float[Array, " N"] | None,
     draft_seconds: Float[Array, ""] | float = 0.0,
 ) -> tuple[tree_lib.Tree, Int[Array, ""], Proposal, Bool[Array, ""], DecodeState]:
-    """This round's tree, its node count, the proposal, whether the drafter ran, and the
-    state the round continues from.
+    """This round's tree, its node count, the proposal, whether the round counts as
+    speculative (:func:`speculated`), and the state the round continues from.
 
     Without the controller: :func:`propose_tree` (the state is unchanged). With it (policy
     ``"auto"`` and a drafter): draft only if
-    :func:`eaglepangu_jax.draft_control.speculation_pays` on the online statistics, or an
-    exploration probe is due; otherwise the tree is the root alone (a plain one-token step:
-    the verify forward runs at its one-slot bucket) and the drafter does not run at all. A
-    drafting round first lets a stateful drafter catch up on the teacher features of the
-    rounds it skipped (:func:`catch_up`); the returned state holds the caught-up drafter.
+    :func:`eaglepangu_jax.draft_control.speculation_pays` on the online statistics, an
+    exploration probe is due, or drafting is free (then the node budget decides); otherwise
+    the tree is the root alone (a plain one-token step: the verify forward runs at its
+    one-slot bucket) and the drafter does not run at all. A drafting round first lets a
+    stateful drafter catch up on the teacher features of the rounds it skipped
+    (:func:`catch_up`); the returned state holds the caught-up drafter.
     """
     if not static.controlled:
         tree, n, proposal = propose_tree(static, draft_params, state, key, verify_latency)
@@ -250,7 +252,8 @@ def plan_round(
     drafting, explore = decide(static, state, verify_latency, draft_seconds)
     proposal, state = draft_if(static, draft_params, state, key, drafting)
     tree, n = tree_if(static, proposal, state, verify_latency, draft_seconds, drafting, explore)
-    return tree, n, proposal, drafting, state
+    counted = speculated(static, drafting, n, verify_latency, draft_seconds)
+    return tree, n, proposal, counted, state
 
 
 def decide(
@@ -260,21 +263,44 @@ def decide(
     draft_seconds: Float[Array, ""] | float,
 ) -> tuple[Bool[Array, ""], Bool[Array, ""]]:
     """The controller's choice before drafting: ``(draft this round, as an exploration
-    probe)``. It drafts when the online estimate says speculation pays, or when a probe is
-    due (the back-off since the last drafting round has run out)."""
+    probe)``. It drafts when the online estimate says speculation pays, when a probe is due
+    (the back-off since the last speculative round has run out), or when drafting is free
+    (:func:`eaglepangu_jax.draft_control.drafts_freely`: the node budget then decides)."""
     if verify_latency is None:
         raise ValueError("policy 'auto' needs the verify latency curve (a calibration)")
     stats = state.control
     # A stored back-off outside the configured range (corrupt state) must not stop probes.
     backoff = jnp.clip(stats.backoff, static.control.min_backoff, static.control.max_backoff)
     probe = stats.rounds_since_draft >= backoff
-    pays = draft_control.speculation_pays(
-        stats.accepted_ema,
-        stats.nodes_ema,
+    latency = jnp.asarray(verify_latency, jnp.float32)
+    t_draft = jnp.asarray(draft_seconds, jnp.float32)
+    pays = draft_control.speculation_pays(stats.accepted_ema, stats.nodes_ema, latency, t_draft)
+    free = draft_control.drafts_freely(static.control, latency, t_draft)
+    # A due probe explores (verifies on the drafter's own scores) unless the statistics say
+    # speculation pays anyway. For a free drafter those averages do not decide anything and
+    # go stale while its proposals are pruned to nothing, so its due probes always explore.
+    return pays | probe | free, probe & (~pays | free)
+
+
+def speculated(
+    static: StepStatic,
+    drafting: Bool[Array, ""],
+    n_nodes: Int[Array, ""],
+    verify_latency: Float[Array, " N"],
+    draft_seconds: Float[Array, ""] | float,
+) -> Bool[Array, ""]:
+    """Whether the controller's statistics count this round as speculative: the drafter ran
+    and, if its drafting is free (:func:`eaglepangu_jax.draft_control.drafts_freely`), the
+    round verified at least one node. A free drafter proposes every round, and an empty
+    proposal (no n-gram match) cost nothing: counting it would reset the probe back-off in
+    every round and fill the acceptance averages with rounds that were never speculated. A
+    costly drafter's empty round is counted: its drafting time was spent for nothing."""
+    free = draft_control.drafts_freely(
+        static.control,
         jnp.asarray(verify_latency, jnp.float32),
         jnp.asarray(draft_seconds, jnp.float32),
     )
-    return pays | probe, probe & ~pays
+    return drafting & ((n_nodes > 0) | ~free)
 
 
 def draft_if(

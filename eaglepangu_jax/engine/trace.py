@@ -47,6 +47,7 @@ from eaglepangu_jax.engine.step import (
     round_paid,
     shape_tree,
     slot_buckets,
+    speculated,
     tree_if,
     truncate_tree,
 )
@@ -103,8 +104,10 @@ def _draft(static: StepStatic, draft_params: Any, state: DecodeState, verify_lat
 @functools.partial(jax.jit, static_argnums=0)
 def _tree(static: StepStatic, proposal, state, verify_latency, t_draft, drafting, explore):
     if not static.controlled:
-        return shape_tree(static, proposal, state, verify_latency)
-    return tree_if(static, proposal, state, verify_latency, t_draft, drafting, explore)
+        tree, n = shape_tree(static, proposal, state, verify_latency)
+        return tree, n, drafting
+    tree, n = tree_if(static, proposal, state, verify_latency, t_draft, drafting, explore)
+    return tree, n, speculated(static, drafting, n, verify_latency, t_draft)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -260,7 +263,7 @@ def _traced_round(
     proposal, drafted, explore, key, accept_key, state = clock.run(
         "draft", _draft, static, draft_params, state, verify_latency, t_draft
     )
-    full_tree, n_nodes = clock.run(
+    full_tree, n_nodes, drafted = clock.run(
         "tree", _tree, static, proposal, state, verify_latency, t_draft, drafted, explore
     )
     tree = full_tree

@@ -59,14 +59,22 @@ def accept(
 
 
 def slot_buckets(num_slots: int) -> tuple[int, ...]:
-    """Verify-forward sizes compiled for a tree of ``num_slots`` slots: 1, 4, 16, ... and
+    """Verify-forward sizes compiled for a tree of ``num_slots`` slots: 1, 4, 8, 16, ... and
     ``num_slots`` itself. A round whose valid nodes fit a smaller bucket verifies only that
-    many slots (an n-gram drafter without a match costs one plain decode step)."""
-    sizes, b = [], 1
+    many slots (an n-gram drafter without a match costs one plain decode step).
+
+    Sizes double from 4 (they quadrupled once: with 17 slots a round of 4 to 15 nodes then
+    paid for 16, and the ``"auto"`` controller, which sizes trees from this curve, stopped at
+    3 nodes on text that accepts 4 to 6). A power of two that ``num_slots`` exceeds by less
+    than a quarter is left out: the full tree costs about the same and one program fewer
+    compiles (9 slots: 1, 4, 9)."""
+    sizes, b = [1], 4
     while b < num_slots:
         sizes.append(b)
-        b *= 4
-    return tuple(sizes) + (num_slots,)
+        b *= 2
+    if len(sizes) > 2 and num_slots - sizes[-1] < sizes[-1] / 4:
+        sizes.pop()
+    return tuple(s for s in sizes if s < num_slots) + (num_slots,)
 
 
 def truncate_tree(tree: tree_lib.Tree, num_slots: int) -> tree_lib.Tree:
