@@ -276,6 +276,17 @@ def test_demo_turns_are_short_and_shipped():
     assert [c.category for c in conversations][-1] == "humaneval"
 
 
+def test_demo_turns_fit_one_attention_window():
+    """Every demo turn, its answer and a full tree fit the smallest window (one compiled loop
+    per method: what keeps ``make run``'s compile time down on a fresh machine)."""
+    renderer = runtime.load_renderer()
+    budget = methods_lib.DEFAULT_BUDGET
+    for c in cli_bench.demo_conversations():
+        prompt = renderer.encode([{"role": "user", "content": c.turns[0]}])
+        needed = len(prompt) + cli_bench.DEMO_MAX_NEW_TOKENS + budget + 1
+        assert needed <= gen.MIN_WINDOW, (c.id, len(prompt))
+
+
 @pytest.mark.slow
 def test_generate_on_the_real_model(capsys):
     status = cli_main.main(
