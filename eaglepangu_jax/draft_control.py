@@ -64,6 +64,7 @@ __all__ = [
     "drafts_freely",
     "oracle_pays",
     "should_draft",
+    "decide",
     "update",
     "choose_nodes",
 ]
@@ -265,9 +266,26 @@ def should_draft(
     Uses :func:`speculation_pays` on ``accepted_ema`` and ``nodes_ema``; non-finite statistics
     or latencies mean plain decoding except for due probes (jittable).
     """
+    return decide(stats, config, verify_latency, t_draft)[0]
+
+
+def decide(
+    stats: AcceptanceStats,
+    config: ControlConfig,
+    verify_latency: Float[ArrayLike, " N+1"],
+    t_draft: Scalar,
+) -> tuple[Bool[Array, ""], Bool[Array, ""]]:
+    """``(draft this round, as an exploration probe)`` (jittable): :func:`should_draft`, and
+    whether the round is a probe that verifies on the drafter's own scores. A due probe
+    explores unless the statistics say speculation pays anyway; for a free drafter those
+    averages decide nothing and go stale while its proposals are pruned to nothing, so its
+    due probes always explore."""
+    verify_latency = jnp.asarray(verify_latency, jnp.float32)
+    t_draft = jnp.asarray(t_draft, jnp.float32)
     pays = speculation_pays(stats.accepted_ema, stats.nodes_ema, verify_latency, t_draft)
     free = drafts_freely(config, verify_latency, t_draft)
-    return pays | _probe_due(stats, config) | free
+    probe = _probe_due(stats, config)
+    return pays | probe | free, probe & (~pays | free)
 
 
 def update(

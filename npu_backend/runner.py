@@ -234,8 +234,9 @@ class TorchTeacherRunner:
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if drafter is not None and engine.speculation_hopeless(spec, verify_latency, draft_seconds):
-            drafter, draft_params = None, None  # as the JAX engine: plain decoding
+        drafter, draft_params = engine.drafter_to_run(  # as the JAX engine
+            drafter, draft_params, spec, verify_latency, draft_seconds
+        )
         self.model = model
         self.drafter = drafter
         self.spec = spec

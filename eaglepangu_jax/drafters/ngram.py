@@ -207,9 +207,7 @@ class NGramDrafter:
         )
         further = jnp.maximum(tree.depth - 1, 0).astype(jnp.float32)
         decay = further * jnp.log(jnp.float32(self.continue_prob))
-        return dataclasses.replace(
-            tree, logscore=jnp.where(tree.valid, tree.logscore + decay, -jnp.inf)
-        )
+        return dataclasses.replace(tree, logscore=tree.logscore + decay)  # padding stays -inf
 
     def _weights(self, match_len: Int[Array, " M"]) -> Float[Array, " M"]:
         exponent = jnp.maximum(match_len - 1, 0).astype(jnp.float32)

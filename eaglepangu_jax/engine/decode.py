@@ -52,6 +52,7 @@ __all__ = [
     "nominal_verify_latency",
     "state_after_prefill",
     "speculation_hopeless",
+    "drafter_to_run",
     "finish_tokens",
     "result_from_state",
     "generate",
@@ -364,6 +365,16 @@ def speculation_hopeless(spec: SpecConfig, verify_latency: Any, draft_seconds: f
     return not bool(draft_control.oracle_pays(spec.depth, latency, draft_seconds))
 
 
+def drafter_to_run(
+    drafter: Any, draft_params: Any, spec: SpecConfig, verify_latency: Any, draft_seconds: float
+) -> tuple[Any, Any]:
+    """``(drafter, draft_params)``, or ``(None, None)`` (plain decoding) when
+    :func:`speculation_hopeless`: what every entry point runs, before it prefills."""
+    if drafter is not None and speculation_hopeless(spec, verify_latency, draft_seconds):
+        return None, None
+    return drafter, draft_params
+
+
 def decode_loop(
     teacher,
     drafter,
@@ -482,8 +493,7 @@ def generate(
         if correction is not None:  # the costs the first segment would run on
             window = window_for(len(prompt_ids) + spec.budget + 1, capacity)
             latency, t_draft = correction.apply(latency, t_draft, window)
-        if speculation_hopeless(spec, latency, t_draft):
-            drafter, draft_params = None, None
+        drafter, draft_params = drafter_to_run(drafter, draft_params, spec, latency, t_draft)
     t0 = time.perf_counter()
     state = init_state(
         teacher,
@@ -532,8 +542,9 @@ def generate_batch(
         raise ValueError("no prompts given")
     for p in prompts:
         validate(teacher, drafter, p, spec)
-    if drafter is not None and speculation_hopeless(spec, verify_latency, draft_seconds):
-        drafter, draft_params = None, None
+    drafter, draft_params = drafter_to_run(
+        drafter, draft_params, spec, verify_latency, draft_seconds
+    )
     eos_id = eos_id_of(teacher, spec)
     capacity = max(cache_slots(len(p), spec, teacher.config.max_position) for p in prompts)
     t0 = time.perf_counter()

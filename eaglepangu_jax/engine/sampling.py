@@ -15,9 +15,9 @@ from eaglepangu_jax.engine.decode import (
     Teacher,
     cache_slots,
     decode_loop,
+    drafter_to_run,
     eos_id_of,
     init_state,
-    speculation_hopeless,
     validate,
 )
 from eaglepangu_jax.engine.result import finish_tokens
@@ -55,8 +55,9 @@ def sample_many(
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     validate(teacher, drafter, prompt_ids, spec)
-    if drafter is not None and speculation_hopeless(spec, verify_latency, draft_seconds):
-        drafter, draft_params = None, None
+    drafter, draft_params = drafter_to_run(
+        drafter, draft_params, spec, verify_latency, draft_seconds
+    )
     eos_id = eos_id_of(teacher, spec)
     capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
     state = init_state(

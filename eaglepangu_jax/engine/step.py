@@ -268,18 +268,7 @@ def decide(
     (:func:`eaglepangu_jax.draft_control.drafts_freely`: the node budget then decides)."""
     if verify_latency is None:
         raise ValueError("policy 'auto' needs the verify latency curve (a calibration)")
-    stats = state.control
-    # A stored back-off outside the configured range (corrupt state) must not stop probes.
-    backoff = jnp.clip(stats.backoff, static.control.min_backoff, static.control.max_backoff)
-    probe = stats.rounds_since_draft >= backoff
-    latency = jnp.asarray(verify_latency, jnp.float32)
-    t_draft = jnp.asarray(draft_seconds, jnp.float32)
-    pays = draft_control.speculation_pays(stats.accepted_ema, stats.nodes_ema, latency, t_draft)
-    free = draft_control.drafts_freely(static.control, latency, t_draft)
-    # A due probe explores (verifies on the drafter's own scores) unless the statistics say
-    # speculation pays anyway. For a free drafter those averages do not decide anything and
-    # go stale while its proposals are pruned to nothing, so its due probes always explore.
-    return pays | probe | free, probe & (~pays | free)
+    return draft_control.decide(state.control, static.control, verify_latency, draft_seconds)
 
 
 def speculated(
