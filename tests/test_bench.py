@@ -76,6 +76,8 @@ def test_run_bench_records_and_follows_greedy_answers(teacher):
         ("b", 0),
     ]
     assert set(report["warmup_seconds"]) == {"greedy", "ngram"}
+    assert set(report["warmup_compile_seconds"]) == {"greedy", "ngram"}
+    assert all(v >= 0.0 for v in report["warmup_compile_seconds"].values())
     for t in turns:
         assert list(t["methods"]) == ["greedy", "ngram"]
         g, n = t["methods"]["greedy"], t["methods"]["ngram"]
@@ -210,6 +212,20 @@ def test_summary_math_by_hand():
     g = s["greedy"]
     assert g["mean_speedup"] == g["p50_speedup"] == g["p99_speedup"] == 1.0
     assert g["mean_accepted_length"] == 1.0 and g["identical_fraction"] == 1.0
+
+
+def test_summary_table_adds_warmup_compile_work_to_discarded_runs():
+    turns = [{"methods": {"greedy": _row(10.0, 1.0, 10, 10, True)}}]
+    report = {
+        "summary": bench_report.summarize_turns(turns, ["greedy"]),
+        "warmup_seconds": {"greedy": 9.0},
+        "warmup_compile_seconds": {"greedy": 2.25},
+    }
+    row = bench_report.format_summary(report).splitlines()[-1].split()
+    # warm-up wall 9.0; compile = 2.25 (warm-up compile work) + 0.5 (discarded turn run).
+    assert row[-2:] == ["9.0", "2.8"]
+    del report["warmup_compile_seconds"]  # a report from before the field existed
+    assert bench_report.format_summary(report).splitlines()[-1].split()[-1] == "0.5"
 
 
 def test_summary_skips_missing_speedups():

@@ -54,9 +54,8 @@ def run_in_groups(
             merged = report
             continue
         merged["methods"].update({k: v for k, v in report["methods"].items() if k != REFERENCE})
-        merged["warmup_seconds"].update(
-            {k: v for k, v in report["warmup_seconds"].items() if k != REFERENCE}
-        )
+        for key in ("warmup_seconds", "warmup_compile_seconds"):
+            merged[key].update({k: v for k, v in report[key].items() if k != REFERENCE})
         for mine, theirs in zip(merged["turns"], report["turns"]):
             mine["methods"].update({k: v for k, v in theirs["methods"].items() if k != REFERENCE})
     assert merged is not None, "no methods to run"

@@ -56,8 +56,15 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def format_summary(report: dict[str, Any]) -> str:
-    """The summary as a fixed-width table (``spec.``: the share of rounds that verified a
-    tree; the rest were plain one-token steps chosen by the controller)."""
+    """The summary as a fixed-width table.
+
+    ``spec.``: the share of rounds that verified a tree (the rest were plain one-token steps
+    chosen by the controller). ``warm-up s``: wall seconds of the warm-up generation.
+    ``compile s``: the compile work measured during the warm-up plus the wall seconds of the
+    turn runs discarded because they compiled (reports written before the warm-up's compile
+    work was recorded show the discarded runs only).
+    """
+    warmup_compile = report.get("warmup_compile_seconds", {})
     w = _name_width(report["summary"])
     header = (
         f"{'method':<{w}} {'turns':>5} {'tok/s':>7} {'speed-up':>8} {'p50':>6} {'p99':>6} "
@@ -71,7 +78,8 @@ def format_summary(report: dict[str, Any]) -> str:
             f"{_fmt(s['mean_speedup'], 2, 'x'):>8} {_fmt(s['p50_speedup'], 2, 'x'):>6} "
             f"{_fmt(s['p99_speedup'], 2, 'x'):>6} {_fmt(s['mean_accepted_length'], 2):>7} "
             f"{spec:>5} {_fmt(s['identical_fraction'], 0, '%', 100):>9} "
-            f"{report['warmup_seconds'][name]:>9.1f} {s['compile_seconds']:>9.1f}"
+            f"{report['warmup_seconds'][name]:>9.1f} "
+            f"{warmup_compile.get(name, 0.0) + s['compile_seconds']:>9.1f}"
         )
     return "\n".join(lines)
 
