@@ -117,6 +117,26 @@ def test_run_bench_records_and_follows_greedy_answers(teacher):
     assert "a#2" in bench_report.format_turns(report)
 
 
+@pytest.mark.parametrize("pressure, clears", [(0.9, [0, 1, 2]), (0.1, []), (None, [])])
+def test_run_bench_drops_compiled_programs_near_the_mapping_limit(
+    teacher, monkeypatch, pressure, clears
+):
+    calls, clear = [], jax.clear_caches
+    monkeypatch.setattr(bench_run, "mapping_pressure", lambda: pressure)
+    monkeypatch.setattr(bench_run.jax, "clear_caches", lambda: calls.append(clear()))
+    report = bench_run.run_bench(teacher, CONVERSATIONS, _methods(), ToyRenderer(), progress=False)
+    assert report["cache_clears"] == clears and len(calls) == len(clears)
+    # Programs dropped before a turn are rebuilt; the outputs do not change.
+    assert report["summary"]["ngram"]["identical_fraction"] == 1.0
+
+
+def test_mapping_pressure_reads_this_process():
+    pressure = bench_run.mapping_pressure()
+    if pressure is None:
+        pytest.skip("no /proc mapping counts on this platform")
+    assert 0.0 < pressure < bench_run.MAPPING_SHARE
+
+
 def _naive_gap(teacher, sequence):
     """Top-1 minus top-2 logit after ``sequence``: one uncached forward, nothing shared."""
     t = len(sequence)

@@ -46,10 +46,16 @@ __all__ = [
     "first_divergence",
     "near_tie_gaps",
     "check_prompts",
+    "mapping_pressure",
     "run_bench",
 ]
 
 MAX_RUNS = 3  # generations per turn and method at most (see run_method)
+# XLA's CPU JIT maps each compiled module's sections separately; a bench holding many methods'
+# programs (plus recompiles for a larger cache) can reach the kernel's per-process mapping
+# limit and abort ("Unable to allocate section memory"). Past this share of the limit the
+# bench drops its compiled programs between turns (they come back from the compile cache).
+MAPPING_SHARE = 0.75
 _COMPILE_EVENTS = (
     "/jax/core/compile/backend_compile_duration",
     "/jax/core/compile/jaxpr_trace_duration",
@@ -127,6 +133,19 @@ def run_method(
             return result, discarded
         discarded += time.perf_counter() - start
     raise AssertionError("unreachable")
+
+
+def mapping_pressure() -> float | None:
+    """This process's memory mappings as a share of the kernel's per-process limit
+    (``vm.max_map_count``); ``None`` where ``/proc`` does not tell (not Linux)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+        with open("/proc/self/maps") as f:
+            used = sum(1 for _ in f)
+    except (OSError, ValueError):
+        return None
+    return used / limit if limit > 0 else None
 
 
 # ----------------------------------------------------------------------------- divergence
@@ -240,8 +259,9 @@ def run_bench(
     Returns:
       The report: ``methods`` (settings), ``warmup_seconds`` (wall, one generation
       included), ``warmup_compile_seconds`` (the compile work within it, from
-      :class:`CompileWatch`), ``turns`` and ``summary`` (see :func:`summarize_turns`);
-      JSON-ready.
+      :class:`CompileWatch`), ``cache_clears`` (indices of the turns before which the
+      compiled programs were dropped, see :data:`MAPPING_SHARE`), ``turns`` and ``summary``
+      (see :func:`summarize_turns`); JSON-ready.
     """
     if not methods or methods[0].name != REFERENCE:
         raise ValueError(f"the first method must be {REFERENCE!r} (the reference)")
@@ -261,11 +281,17 @@ def run_bench(
         # The warm-up is where most compiling happens; its wall time also holds one
         # generation, so the compile work itself is recorded apart.
         warmup_compile[method.name] = watch.seconds
-    turns = []
+    turns, cache_clears = [], []
     with _progress_bar(count_turns(conversations), progress) as bar:
         for conversation in conversations:
             history: list[dict[str, str]] = []
             for index, text in enumerate(conversation.turns):
+                pressure = mapping_pressure()
+                if pressure is not None and pressure > MAPPING_SHARE:
+                    # A run that then reloads a program counts as compiling and is re-run
+                    # (run_method), so the timings stay clean.
+                    jax.clear_caches()
+                    cache_clears.append(len(turns))
                 history.append({"role": "user", "content": text})
                 record, greedy_tokens = _run_turn(teacher, methods, renderer.encode(history))
                 record = {
@@ -281,6 +307,7 @@ def run_bench(
         "methods": {m.name: _describe(m) for m in methods},
         "warmup_seconds": warmup,
         "warmup_compile_seconds": warmup_compile,
+        "cache_clears": cache_clears,
         "turns": turns,
         "summary": summarize_turns(turns, [m.name for m in methods]),
     }
