@@ -1,0 +1,84 @@
+"""The corpus committed in the package: every shard the manifest lists is on disk with the
+recorded sha256 and counts, the totals and the held-out split follow the plan, it was answered
+by the shipped teacher, and no prompt quotes an evaluation suite."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from eaglepangu_jax.cli.corpus import DEFAULT_DIR
+from eaglepangu_jax.evaluation.suites import evaluation_texts
+from eaglepangu_jax.files import sha256_file
+from eaglepangu_jax.training import corpus as corpus_lib
+from eaglepangu_jax.training import distill, synth
+
+ANSWERS = DEFAULT_DIR / "answers"
+
+
+@pytest.fixture(scope="module")
+def manifest():
+    return distill.read_manifest(DEFAULT_DIR)
+
+
+@pytest.fixture(scope="module")
+def shards(manifest):
+    loaded = []
+    for entry in manifest["shards"]:
+        shard = corpus_lib.load_corpus_shard(ANSWERS, entry["key"])
+        assert shard is not None, f"shard {entry['key']} is missing or fails its own hash"
+        loaded.append(shard)
+    return loaded
+
+
+def test_every_listed_shard_has_the_manifests_hash_and_counts(manifest, shards):
+    for entry, shard in zip(manifest["shards"], shards):
+        # The manifest's hash, recomputed from the file (not only the shard's own meta).
+        assert sha256_file(ANSWERS / f"{entry['key']}.safetensors") == entry["sha256"]
+        assert len(shard) == entry["sequences"]
+        assert shard.prompt_tokens == entry["prompt_tokens"]
+        assert shard.answer_tokens == entry["answer_tokens"]
+        assert all(len(a) >= 1 for a in shard.answers())
+
+
+def test_totals_and_split_follow_the_plan(manifest):
+    plan = distill.CorpusPlan(
+        **{
+            k: v
+            for k, v in manifest["plan"].items()
+            if k in {f.name for f in dataclasses.fields(distill.CorpusPlan)}
+            and not isinstance(v, dict)
+        }
+    )
+    entries = manifest["shards"]
+    assert [e["split"] for e in entries] == [
+        "heldout" if plan.held_out(i) else "train" for i in range(len(entries))
+    ]
+    for split, totals in manifest["totals"].items():
+        mine = [e for e in entries if e["split"] == split]
+        assert totals["shards"] == len(mine)
+        for field in ("sequences", "prompt_tokens", "answer_tokens"):
+            assert totals[field] == sum(e[field] for e in mine)
+    assert len({e["key"] for e in entries}) == len(entries)
+
+
+@pytest.mark.slow
+def test_answered_by_the_shipped_teacher(manifest):
+    from eaglepangu_jax.models.smollm2 import teacher_fingerprint
+
+    assert manifest["teacher"] == teacher_fingerprint()
+
+
+def test_no_prompt_quotes_an_evaluation_suite(shards):
+    from eaglepangu_jax.runtime import load_renderer
+
+    tokenizer = load_renderer().tokenizer
+    guard = synth.EvalGuard.from_texts(evaluation_texts())
+    prompts = [p for shard in shards for p in shard.prompts()]
+    quoting = [
+        text
+        for text in (tokenizer.decode(p, skip_special_tokens=True) for p in prompts)
+        if guard.overlaps(text)
+    ]
+    assert len(prompts) >= 2_000 and not quoting, quoting[:3]
