@@ -14,9 +14,9 @@ from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine import sampling
+from eaglepangu_jax.engine.verification import slot_buckets
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal, StatelessDrafter
-from eaglepangu_jax.engine.verification import slot_buckets
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
