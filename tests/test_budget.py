@@ -176,16 +176,16 @@ def test_first_local_max_is_global_for_concave_accept_and_convex_cost(decay, qua
 
 
 def test_choose_budget_looks_past_a_bucket_step():
-    """A staircase cost (slot buckets 1, 5, 9): the 5th node alone moves the round to the
-    9-slot forward and lowers S, the 5th to 8th together raise it. The first local maximum
-    (n = 4) is not the best; the scan finds n = 8."""
-    logs = np.log(np.full(9, 0.9, np.float32))
-    bucket = np.array([1, 5, 5, 5, 5, 9, 9, 9, 9, 17])
-    verify = np.select([bucket == 1, bucket == 5, bucket == 9], [0.0387, 0.052, 0.0655], 0.0944)
+    """A staircase cost (slot buckets 1, 4, 8): the 4th node alone moves the round to the
+    8-slot forward and lowers S, the 4th to 7th together raise it. The first local maximum
+    (n = 3) is not the best; the scan finds n = 7."""
+    logs = np.log(np.full(8, 0.9, np.float32))
+    bucket = np.array([1, 4, 4, 4, 8, 8, 8, 8, 16])
+    verify = np.select([bucket == 1, bucket == 4, bucket == 8], [0.0387, 0.050, 0.0633], 0.0944)
     verify = verify.astype(np.float32)
     _, speed = brute_force_budget(logs, verify, 0.0, 0.0)
-    assert speed[5] < speed[4] < speed[8]  # the trap the first-peak rule fell into
-    assert int(B.choose_budget(logs, verify, 0.0, 0.0)) == 8
+    assert speed[4] < speed[3] < speed[7]  # the trap the first-peak rule fell into
+    assert int(B.choose_budget(logs, verify, 0.0, 0.0)) == 7
 
 
 def test_choose_budget_edge_cases():

@@ -263,8 +263,8 @@ def test_curve_shape_monotone_and_bucket_steps():
     curve = np.asarray(cal_curve.verify_latency_curve(calibration, CFG, 100, budget))
     assert curve.shape == (budget + 1,) and curve.dtype == np.float32
     assert np.all(np.diff(curve) >= 0)
-    # Buckets 1, 5, 9, 17, 21: node counts 0 | 1-4 | 5-8 | 9-16 | 17-20 share their cost.
-    for lo, hi in [(0, 0), (1, 4), (5, 8), (9, 16), (17, 20)]:
+    # Buckets 1, 4, 8, 16, 21: node counts 0 | 1-3 | 4-7 | 8-15 | 16-20 share their cost.
+    for lo, hi in [(0, 0), (1, 3), (4, 7), (8, 15), (16, 20)]:
         assert np.all(curve[lo : hi + 1] == curve[lo])
     assert len(np.unique(curve)) == 5
     flat = np.asarray(cal_curve.verify_latency_curve(calibration, CFG, 100, budget, bucketed=False))

@@ -3,7 +3,7 @@
 The engine calls the controller with ``t_draft = t_other = 0`` and a ``verify_latency``
 curve, so :func:`verify_latency_curve` folds the constant overheads into every entry: adding a
 constant to every entry of the curve is exactly the same stopping rule. It also charges each
-node count the slot bucket the engine really verifies (1, 5, 9, 17, ..., budget + 1).
+node count the slot bucket the engine really verifies (1, 4, 8, 16, ..., budget + 1).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def verify_latency_curve(
     """The ``verify_latency`` argument of the ``"auto"`` policy, overheads folded in.
 
     Entry ``n`` is the predicted seconds of a round verifying the root plus ``n`` nodes:
-    the forward at the engine's slot bucket (the smallest of 1, 5, 9, 17, ..., ``budget + 1``
+    the forward at the engine's slot bucket (the smallest of 1, 4, 8, 16, ..., ``budget + 1``
     holding ``n + 1`` slots) when ``bucketed``, over the engine's window at ``context``
     committed tokens, plus ``t_other`` and the drafter's ``t_draft``. The controller compares
     differences of the curve with the cost ``C(n) = t_draft + t_other + T(n)``, and the engine

@@ -59,23 +59,20 @@ def accept(
 
 
 def slot_buckets(num_slots: int) -> tuple[int, ...]:
-    """Verify-forward sizes compiled for a tree of ``num_slots`` slots: 1, 5, 9, 17, 33, ...
-    (the root plus 4, 8, 16, 32 nodes) and ``num_slots`` itself. A round whose valid nodes fit
-    a smaller bucket verifies only that many slots (an n-gram drafter without a match costs
-    one plain decode step).
+    """Verify-forward sizes compiled for a tree of ``num_slots`` slots: 1, 4, 8, 16, ... and
+    ``num_slots`` itself. A round whose valid nodes fit a smaller bucket verifies only that
+    many slots (an n-gram drafter without a match costs one plain decode step).
 
-    The node counts double from 4, so the ``"auto"`` controller with a ceiling of ``2^k``
-    nodes can verify exactly the trees that fixed budgets of 4, 8, ... build, at their cost.
-    (Buckets of 4, 8, 16 *slots* held 3, 7, 15 nodes: under ``auto<=16`` a chain that a fixed
-    8-node tree accepted whole was cut at 7 nodes, or paid for 17 slots.) Once the sizes
-    quadrupled instead, and ``auto`` stopped at 3 nodes on text that accepts 4 to 6. A rung
-    that ``num_slots`` exceeds by less than a quarter of its nodes is left out: the full tree
-    costs about the same and one program fewer compiles (10 slots: 1, 5, 10)."""
-    sizes, nodes = [1], 4
-    while nodes + 1 < num_slots:
-        sizes.append(nodes + 1)
-        nodes *= 2
-    if len(sizes) > 2 and num_slots - sizes[-1] < (sizes[-1] - 1) / 4:
+    Sizes double from 4 (they quadrupled once: with 17 slots a round of 4 to 15 nodes then
+    paid for 16, and the ``"auto"`` controller, which sizes trees from this curve, stopped at
+    3 nodes on text that accepts 4 to 6). A power of two that ``num_slots`` exceeds by less
+    than a quarter is left out: the full tree costs about the same and one program fewer
+    compiles (9 slots: 1, 4, 9)."""
+    sizes, b = [1], 4
+    while b < num_slots:
+        sizes.append(b)
+        b *= 2
+    if len(sizes) > 2 and num_slots - sizes[-1] < sizes[-1] / 4:
         sizes.pop()
     return tuple(s for s in sizes if s < num_slots) + (num_slots,)
 
