@@ -16,6 +16,7 @@ from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine import sampling
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal, StatelessDrafter
+from eaglepangu_jax.engine.verification import slot_buckets
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
@@ -268,6 +269,23 @@ def test_auto_policy_prunes_a_drafter_built_tree(teacher):
     assert set(pruned.stats.nodes_per_round) <= {0, 3}
     assert sum(n == 0 for n in pruned.stats.nodes_per_round) > len(pruned.stats.nodes_per_round) / 2
     assert min(full.stats.nodes_per_round) > 0 and full.stats.accepted_length > 1.2
+
+
+@pytest.mark.parametrize(
+    "slots, buckets",
+    [
+        (1, (1,)),
+        (3, (1, 3)),
+        (5, (1, 4, 5)),
+        (9, (1, 4, 9)),  # 8 left out: 9 exceeds it by less than a quarter of it
+        (10, (1, 4, 8, 10)),
+        (17, (1, 4, 8, 17)),
+        (21, (1, 4, 8, 16, 21)),
+        (33, (1, 4, 8, 16, 33)),
+    ],
+)
+def test_slot_buckets_literal_ladder(slots, buckets):
+    assert slot_buckets(slots) == buckets
 
 
 def test_reference_and_performance_modes_agree(teacher, monkeypatch):
