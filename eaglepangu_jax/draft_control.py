@@ -12,10 +12,15 @@ round (:func:`update`, pure and jittable):
   ``log 0.5 / log decay`` rounds). :func:`calibrated_logscores` blends a bin's hit rate with
   the prediction: ``p_hat = (hits[b] + s p) / (trials[b] + s)``, ``s = prior_strength``.
 * **Pre-draft decision.** EMAs of accepted tokens and of verified nodes per speculative round
-  feed :func:`speculation_pays`; :func:`should_draft` adds an exploration probe after
-  ``backoff`` rounds without drafting. A probe that does not pay (fewer accepted tokens than a
-  plain step would have emitted in its time) doubles ``backoff`` (up to ``max_backoff``); any
-  speculative round that pays resets it to ``min_backoff``. So a drafter that never pays
+  feed :func:`speculation_pays`. They start at optimistic values that count as
+  ``prior_rounds`` observed rounds: until the EMA weight takes over, each round is averaged
+  in with weight ``1 / (observed + 1 + prior_rounds)``, so one round that accepts nothing
+  already halves the optimism (with a plain EMA of weight 0.1, every generation began with
+  up to 13 such rounds, each paying for a draft and a multi-token verify).
+  :func:`should_draft` adds an exploration probe after ``backoff`` rounds without drafting.
+  A probe that does not pay (fewer accepted tokens than a plain step would have emitted in
+  its time) doubles ``backoff`` (up to ``max_backoff``); any speculative round that pays
+  resets it to ``min_backoff``. So a drafter that never pays
   speculates in about ``1 / max_backoff`` of the rounds, while one that starts paying
   (repetitive text) is retried within ``max_backoff + 1`` rounds.
 * **Near-free drafters propose every round.** When drafting costs at most
@@ -83,7 +88,10 @@ class ControlConfig:
       prior_strength: ``> 0``, pseudo-trials given to the drafter's own prediction.
       initial_accept: ``accepted_ema`` at start; optimistic so a new drafter gets tried.
       initial_nodes: ``nodes_ema`` at start.
-      ema_weight: in ``(0, 1]``, weight of the newest round in both EMAs.
+      ema_weight: in ``(0, 1]``, weight of the newest round in both EMAs (once it exceeds
+        the running-mean weight ``1 / (observed + 1 + prior_rounds)``).
+      prior_rounds: ``> 0``, how many observed rounds ``initial_accept`` and
+        ``initial_nodes`` count as.
       min_backoff: ``>= 1``, rounds without drafting before a probe, after a success.
       max_backoff: ``>= min_backoff``, cap of the doubling backoff.
       free_draft_share: in ``[0, 1)``, drafting that costs at most this share of a plain step
@@ -99,6 +107,7 @@ class ControlConfig:
     initial_accept: float = 1.0
     initial_nodes: float = 4.0
     ema_weight: float = 0.1
+    prior_rounds: float = 1.0
     min_backoff: int = 4
     max_backoff: int = 64
     free_draft_share: float = 0.05
@@ -112,6 +121,7 @@ class ControlConfig:
             "initial_accept": (lambda v: 0 <= v < float("inf"), "finite and >= 0"),
             "initial_nodes": (lambda v: 0 <= v < float("inf"), "finite and >= 0"),
             "ema_weight": (lambda v: 0 < v <= 1, "in (0, 1]"),
+            "prior_rounds": (lambda v: 0 < v < float("inf"), "finite and > 0"),
             "min_backoff": (lambda v: isinstance(v, int) and v >= 1, "an int >= 1"),
             "backlog_rows": (lambda v: isinstance(v, int) and v >= 1, "an int >= 1"),
             "free_draft_share": (lambda v: 0 <= v < 1, "in [0, 1)"),
@@ -137,6 +147,7 @@ class AcceptanceStats:
     nodes_ema: Float[Array, ""]  # valid non-root nodes verified per speculative round
     rounds_since_draft: Int[Array, ""]  # consecutive rounds without speculation
     backoff: Int[Array, ""]  # rounds without speculation after which a probe is made
+    observed: Int[Array, ""]  # speculative rounds folded into the EMAs (saturating)
 
     @classmethod
     def create(cls, config: ControlConfig) -> "AcceptanceStats":
@@ -149,6 +160,7 @@ class AcceptanceStats:
             nodes_ema=jnp.float32(config.initial_nodes),
             rounds_since_draft=jnp.int32(0),
             backoff=jnp.int32(config.min_backoff),
+            observed=jnp.int32(0),
         )
 
 
@@ -303,10 +315,11 @@ def update(
     tree and ``accepted_path`` / ``acceptance_length`` its :class:`verify.Acceptance` ``path``
     and ``length`` (accepted nodes: ``path[1 : length + 1]``): counts decay, then every valid
     non-root node adds a trial to its bin and each accepted one a hit; the EMAs move toward
-    this round's accepted length and node count (a non-finite EMA restarts at the observation);
-    ``rounds_since_draft`` becomes 0. A speculative round that *paid* resets ``backoff`` to
-    ``min_backoff``; a probe (speculation while ``rounds_since_draft >= backoff``) that did
-    not doubles it. ``paid`` is whether the round beat a plain step
+    this round's accepted length and node count with weight ``max(ema_weight, 1 / (observed
+    + 1 + prior_rounds))`` (a non-finite EMA restarts at the observation), and ``observed``
+    grows by one; ``rounds_since_draft`` becomes 0. A speculative round that *paid* resets
+    ``backoff`` to ``min_backoff``; a probe (speculation while ``rounds_since_draft >=
+    backoff``) that did not doubles it. ``paid`` is whether the round beat a plain step
     (:func:`speculation_pays` on its own accepted length and node count, which the engine
     passes); without it, accepting >= 1 token counts as paid. The difference matters for a
     drafter that often gets one token right but never enough to pay: with the weaker rule
@@ -326,8 +339,13 @@ def update(
     trials = config.decay * _count(stats.trials) + zeros.at[b].add(node.astype(jnp.float32))
     hits = config.decay * _count(stats.hits) + zeros.at[b].add(accepted.astype(jnp.float32))
 
+    # A running mean with the initial values as `prior_rounds` rounds, until the EMA weight
+    # is the larger: early rounds correct the optimistic start at once.
+    seen = jnp.clip(stats.observed, 0, _MAX_ROUNDS).astype(jnp.float32)
+    weight = jnp.maximum(config.ema_weight, 1.0 / (seen + 1.0 + config.prior_rounds))
+
     def ema(old, observed):
-        new = (1.0 - config.ema_weight) * old + config.ema_weight * observed
+        new = (1.0 - weight) * old + weight * observed
         return jnp.where(jnp.isfinite(old), new, observed)
 
     backoff = jnp.clip(stats.backoff, config.min_backoff, config.max_backoff)
@@ -345,6 +363,7 @@ def update(
         nodes_ema=ema(stats.nodes_ema, jnp.sum(node.astype(jnp.float32))),
         rounds_since_draft=jnp.int32(0),
         backoff=backoff.astype(jnp.int32),
+        observed=jnp.minimum(jnp.clip(stats.observed, 0, _MAX_ROUNDS) + 1, _MAX_ROUNDS),
     )
     waited = dataclasses.replace(
         stats, rounds_since_draft=jnp.minimum(stats.rounds_since_draft + 1, _MAX_ROUNDS)

@@ -495,7 +495,7 @@ MIN_EXPECTED = 5.0  # chi-square cells with a smaller expected count are pooled
 SAMPLE_BUDGET = 4
 # With drafting costing 6% of a plain step (above the controller's free share, so the gate
 # decides): round 1 pays (accepted_ema starts at 1 and nodes_ema at 4: 2 T[0] > t_draft +
-# T[4]) and keeps up to 3 nodes (free on this curve); after a rejection (accepted_ema 0.9)
+# T[4]) and keeps up to 3 nodes (free on this curve); after a rejection (accepted_ema 0.5)
 # speculation no longer pays, so round 2 is plain: what the controller does depends on what
 # was sampled before. With drafting free, the drafter proposes every round instead and the
 # node budget decides.

@@ -51,6 +51,7 @@ def stats_strategy(draw, finite=False):
         nodes_ema=jnp.float32(draw(scalar)),
         rounds_since_draft=jnp.int32(draw(st.integers(0, 100))),
         backoff=jnp.int32(draw(st.integers(0, 100))),
+        observed=jnp.int32(draw(st.integers(-3, 100))),
     )
 
 
@@ -150,6 +151,7 @@ def ref_update(stats, config, tree, length, path, speculated, paid=None):
             "nodes_ema": float(stats.nodes_ema),
             "rounds_since_draft": rounds + 1,
             "backoff": backoff,
+            "observed": int(stats.observed),
         }
     trials = [config.decay * ref_count(float(t)) for t in np.asarray(stats.trials)]
     hits = [config.decay * ref_count(float(h)) for h in np.asarray(stats.hits)]
@@ -162,8 +164,10 @@ def ref_update(stats, config, tree, length, path, speculated, paid=None):
             trials[b] += 1
             hits[b] += i in accepted_slots
 
+    seen = max(int(stats.observed), 0)
+
     def ema(old, new):
-        w = config.ema_weight
+        w = max(config.ema_weight, 1.0 / (seen + 1 + config.prior_rounds))
         return (1 - w) * old + w * new if np.isfinite(old) else new
 
     backoff = min(max(backoff, config.min_backoff), config.max_backoff)
@@ -181,6 +185,7 @@ def ref_update(stats, config, tree, length, path, speculated, paid=None):
         "nodes_ema": ema(float(stats.nodes_ema), nodes),
         "rounds_since_draft": 0,
         "backoff": new_backoff,
+        "observed": seen + 1,
     }
 
 
@@ -208,6 +213,8 @@ def test_config_validation_names_the_field():
         ("initial_nodes", math.nan),
         ("free_draft_share", 1.0),
         ("free_draft_share", -0.1),
+        ("prior_rounds", 0.0),
+        ("prior_rounds", math.inf),
     ]:
         with pytest.raises(ValueError, match=field):
             dataclasses.replace(CONFIG, **{field: bad})
@@ -384,7 +391,13 @@ def test_update_with_greedy_acceptance():
     stats = update_jit(dc.AcceptanceStats.create(CONFIG), CONFIG, tree, acc.length, acc.path, True)
     np.testing.assert_allclose(stats.trials, np.eye(10)[[9, 5, 3, 0]].sum(0))
     np.testing.assert_allclose(stats.hits, np.eye(10)[[9, 5]].sum(0))
-    np.testing.assert_allclose(stats.accepted_ema, 0.9 * 1.0 + 0.1 * 2, rtol=1e-6)
+    # The first round is averaged with the optimistic start as one round (prior_rounds 1).
+    np.testing.assert_allclose(stats.accepted_ema, 0.5 * 1.0 + 0.5 * 2, rtol=1e-6)
+    assert int(stats.observed) == 1
+    # From the tenth round on the EMA weight (0.1) exceeds the running-mean weight.
+    later = dataclasses.replace(stats, observed=jnp.int32(9))
+    later = update_jit(later, CONFIG, tree, acc.length, acc.path, True)
+    np.testing.assert_allclose(later.accepted_ema, 0.9 * 1.5 + 0.1 * 2, rtol=1e-6)
 
 
 # ------------------------------------------------------------------ closed-loop behaviour
@@ -413,6 +426,26 @@ def test_never_matching_drafter_rarely_speculates():
     _, drafted = run(dc.AcceptanceStats.create(CONFIG), [0] * 300, 0.002)
     assert drafted[0] and drafted[50:].mean() < 0.1
     assert drafted[50:].any()  # probes still happen
+
+
+def test_the_optimistic_start_is_corrected_within_a_few_rounds():
+    """A drafter that accepts nothing from the first round. Averaged with the optimistic start
+    as one round, the estimate stops paying after 3 drafting rounds (then only the doubling
+    probes draft); a plain EMA (the start counting as 10^9 rounds, the negative control) keeps
+    drafting for 13 rounds, each paying for a draft and a multi-token verify."""
+
+    def drafted(config):
+        stats, out = dc.AcceptanceStats.create(config), []
+        for _ in range(40):
+            draft = dc.should_draft(stats, config, LATENCY, jnp.float32(0.002))
+            path = jnp.zeros((9,), jnp.int32)
+            stats = update_jit(stats, config, CHAIN, jnp.int32(0), path, draft)
+            out.append(str(int(draft)))
+        return "".join(out)
+
+    assert drafted(CONFIG) == "1110000100000000100000000000000001000000"
+    plain_ema = dataclasses.replace(CONFIG, prior_rounds=1e9)
+    assert drafted(plain_ema) == "1111111111111000010000000010000000000000"
 
 
 def test_oracle_drafter_always_speculates():
