@@ -51,7 +51,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 QUICK_CONTEXTS = (128,)  # one attention window (256): the one short prompts decode in
-QUICK_REPEATS = 3
+# Timings per point (interleaved passes, median kept); a pass costs well under a second once
+# compiled. With 3, two quick calibrations of one machine hours apart gave a plain step of 42
+# and 34 ms and a 4-slot / 1-slot ratio of 1.14 and 1.55 (one point's three timings: 41 to
+# 56 ms), and that ratio sizes every tree.
+QUICK_REPEATS = 9
 
 
 def quick_slots(budget: int) -> tuple[int, ...]:
