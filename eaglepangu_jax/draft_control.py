@@ -341,8 +341,10 @@ def update(
 
     # A running mean with the initial values as `prior_rounds` rounds, until the EMA weight
     # is the larger: early rounds correct the optimistic start at once.
-    seen = jnp.clip(stats.observed, 0, _MAX_ROUNDS).astype(jnp.float32)
-    weight = jnp.maximum(config.ema_weight, 1.0 / (seen + 1.0 + config.prior_rounds))
+    seen = jnp.clip(stats.observed, 0, _MAX_ROUNDS)
+    weight = jnp.maximum(
+        config.ema_weight, 1.0 / (seen.astype(jnp.float32) + 1.0 + config.prior_rounds)
+    )
 
     def ema(old, observed):
         new = (1.0 - weight) * old + weight * observed
@@ -363,7 +365,7 @@ def update(
         nodes_ema=ema(stats.nodes_ema, jnp.sum(node.astype(jnp.float32))),
         rounds_since_draft=jnp.int32(0),
         backoff=backoff.astype(jnp.int32),
-        observed=jnp.minimum(jnp.clip(stats.observed, 0, _MAX_ROUNDS) + 1, _MAX_ROUNDS),
+        observed=jnp.minimum(seen + 1, _MAX_ROUNDS),
     )
     waited = dataclasses.replace(
         stats, rounds_since_draft=jnp.minimum(stats.rounds_since_draft + 1, _MAX_ROUNDS)
