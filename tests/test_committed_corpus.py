@@ -82,3 +82,30 @@ def test_no_prompt_quotes_an_evaluation_suite(shards):
         if guard.overlaps(text)
     ]
     assert len(prompts) >= 2_000 and not quoting, quoting[:3]
+
+
+def test_train_draft_reads_only_the_first_training_shards_it_is_given(manifest, shards):
+    # `train-draft --corpus D --train-shards N`: the first N training shards in manifest
+    # order, every held-out shard, and none of the rest (ids only here: no teacher runs).
+    import argparse
+    import types
+
+    from eaglepangu_jax.cli.train import _corpus_shards
+
+    parser = argparse.ArgumentParser(prog="train-draft")
+    teacher = types.SimpleNamespace(config=types.SimpleNamespace(hidden_size=8))
+    train, held = _corpus_shards(
+        parser, teacher, DEFAULT_DIR, (), manifest["teacher"], None, train_shards=2
+    )
+    splits = [entry["split"] for entry in manifest["shards"]]
+    want_train = [s for s, split in zip(shards, splits) if split == "train"][:2]
+    want_held = [s for s, split in zip(shards, splits) if split == "heldout"]
+    assert [len(s.offsets) - 1 for s in train] == [len(s) for s in want_train]
+    assert [len(s.offsets) - 1 for s in held] == [len(s) for s in want_held]
+    for got, want in zip(train + held, want_train + want_held):
+        first = [*want.prompts()[0], *want.answers()[0]]
+        assert got.tokens[: len(first)].tolist() == first
+    with pytest.raises(SystemExit):
+        _corpus_shards(
+            parser, teacher, DEFAULT_DIR, (), manifest["teacher"], None, train_shards=10**6
+        )

@@ -56,6 +56,13 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         help="leave the last N shards out of training (and the vocabulary) "
         "and report held-out accuracy on them",
     )
+    parser.add_argument(
+        "--train-shards",
+        type=int,
+        default=None,
+        help="with --corpus: train on its first N training shards only (default: all); the "
+        "teacher features of the others are never computed. Its held-out shards are all kept",
+    )
     parser.add_argument("--out", required=True, help="checkpoint path (no suffix)")
     parser.add_argument("--export", default=None, help="also write float16 weights here")
     parser.add_argument("--vocab-size", type=int, default=4096)
@@ -106,6 +113,11 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"--draft-layers must be >= 1, got {args.draft_layers}")
     if args.holdout_shards < 0:
         parser.error(f"--holdout-shards must be >= 0, got {args.holdout_shards}")
+    if args.train_shards is not None:
+        if args.corpus is None:
+            parser.error("--train-shards needs --corpus")
+        if args.train_shards < 1:
+            parser.error(f"--train-shards must be >= 1, got {args.train_shards}")
     for option, path in (("--out", args.out), ("--export", args.export)):
         if path is not None and not Path(path).resolve().parent.is_dir():
             parser.error(f"{option}: cannot write {path}: its folder does not exist")
@@ -143,6 +155,7 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             head_cfg.feature_layers,
             fingerprint,
             resolve_cache_dir() / "features",
+            train_shards=args.train_shards,
         )
     else:
         shards, held = _prompt_shards(parser, args, teacher, tok, head_cfg, fingerprint)
@@ -278,9 +291,12 @@ def _prompt_shards(parser, args, teacher, tok, head_cfg, fingerprint):
     return shards, held
 
 
-def _corpus_shards(parser, teacher, directory, feature_layers, fingerprint, features_dir):
-    """Training and held-out shards of a corpus folder (its manifest's split), with the
-    teacher features recomputed from the ids (cached in ``features_dir``)."""
+def _corpus_shards(
+    parser, teacher, directory, feature_layers, fingerprint, features_dir, *, train_shards=None
+):
+    """Training and held-out shards of a corpus folder (its manifest's split; only the first
+    ``train_shards`` training shards when given), with the teacher features recomputed from
+    the ids (cached in ``features_dir``)."""
     from eaglepangu_jax.training import corpus as corpus_lib
     from eaglepangu_jax.training import distill
     from eaglepangu_jax.training.features import shard_features
@@ -294,8 +310,16 @@ def _corpus_shards(parser, teacher, directory, feature_layers, fingerprint, feat
             f"--corpus: the corpus in {directory} was answered by teacher "
             f"{manifest['teacher'][:12]}, not the installed {fingerprint[:12]}"
         )
+    available = sum(entry["split"] == "train" for entry in manifest["shards"])
+    if train_shards is not None and train_shards > available:
+        parser.error(
+            f"--train-shards {train_shards}: the corpus in {directory} has {available} "
+            "training shards"
+        )
     out: dict[str, list] = {"train": [], "heldout": []}
     for i, entry in enumerate(manifest["shards"]):
+        if entry["split"] == "train" and len(out["train"]) == (train_shards or available):
+            continue  # past the requested training shards: no features computed
         shard = corpus_lib.load_corpus_shard(Path(directory) / "answers", entry["key"])
         if shard is None:
             parser.error(f"--corpus: shard {entry['key']} in {directory} is missing or corrupt")
