@@ -4,11 +4,14 @@ by the shipped teacher, and no prompt quotes an evaluation suite."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import types
 
 import pytest
 
 from eaglepangu_jax.cli.corpus import DEFAULT_DIR
+from eaglepangu_jax.cli.train import _corpus_shards
 from eaglepangu_jax.evaluation.suites import evaluation_texts
 from eaglepangu_jax.files import sha256_file
 from eaglepangu_jax.training import corpus as corpus_lib
@@ -87,11 +90,6 @@ def test_no_prompt_quotes_an_evaluation_suite(shards):
 def test_train_draft_reads_only_the_first_training_shards_it_is_given(manifest, shards):
     # `train-draft --corpus D --train-shards N`: the first N training shards in manifest
     # order, every held-out shard, and none of the rest (ids only here: no teacher runs).
-    import argparse
-    import types
-
-    from eaglepangu_jax.cli.train import _corpus_shards
-
     parser = argparse.ArgumentParser(prog="train-draft")
     teacher = types.SimpleNamespace(config=types.SimpleNamespace(hidden_size=8))
     train, held = _corpus_shards(

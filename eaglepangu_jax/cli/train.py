@@ -311,14 +311,14 @@ def _corpus_shards(
             f"{manifest['teacher'][:12]}, not the installed {fingerprint[:12]}"
         )
     available = sum(entry["split"] == "train" for entry in manifest["shards"])
-    if train_shards is not None and train_shards > available:
+    wanted = available if train_shards is None else train_shards
+    if wanted > available:
         parser.error(
-            f"--train-shards {train_shards}: the corpus in {directory} has {available} "
-            "training shards"
+            f"--train-shards {wanted}: the corpus in {directory} has {available} training shards"
         )
     out: dict[str, list] = {"train": [], "heldout": []}
     for i, entry in enumerate(manifest["shards"]):
-        if entry["split"] == "train" and len(out["train"]) == (train_shards or available):
+        if entry["split"] == "train" and len(out["train"]) == wanted:
             continue  # past the requested training shards: no features computed
         shard = corpus_lib.load_corpus_shard(Path(directory) / "answers", entry["key"])
         if shard is None:
