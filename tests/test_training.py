@@ -7,6 +7,8 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
 from eaglepangu_jax.drafters import eagle3
@@ -104,6 +106,68 @@ def _fake_setup(seed=0):
     batches = train_lib.make_batches(shards, vocab, 16)
     embed = random_params(cfg, jax.random.key(1))["embed"]
     return head_cfg, vocab, batches, embed
+
+
+def _one_sequence_shard(tokens, prompt_len):
+    toks = np.asarray(tokens, np.int32)
+    return data_lib.Shard(
+        tokens=toks,
+        offsets=np.asarray([0, len(toks)], np.int64),
+        prompt_lens=np.asarray([prompt_len], np.int32),
+        features=np.arange(len(toks) * 2, dtype=np.float16).reshape(len(toks), 1, 2),
+    )
+
+
+def test_row_starts_literal_cases():
+    assert train_lib.row_starts(10, 4, None) == [0]  # cut: one row
+    assert train_lib.row_starts(4, 4, 1) == [0]
+    assert train_lib.row_starts(5, 4, 1) == [0, 3]
+    assert train_lib.row_starts(10, 4, 1) == [0, 3, 6]  # the last row ends at 10
+    assert train_lib.row_starts(11, 4, 0) == [0, 4, 8]
+    with pytest.raises(ValueError, match="row_overlap"):
+        train_lib.row_starts(3, 4, 4)
+
+
+def test_make_batches_literal_rows():
+    # 10 tokens, 2 of them prompt, rows of 4 overlapping by 1; every token is in the vocab.
+    shard = _one_sequence_shard(range(3, 13), prompt_len=2)
+    vocab = build_vocab(token_counts([shard.tokens], 16), 16)
+    cut = train_lib.make_batches([shard], vocab, 4)
+    assert cut.tokens.tolist() == [[3, 4, 5, 6]] and cut.prompt_lens.tolist() == [2]
+    rows = train_lib.make_batches([shard], vocab, 4, row_overlap=1)
+    assert rows.tokens.tolist() == [[3, 4, 5, 6], [6, 7, 8, 9], [9, 10, 11, 12]]
+    assert rows.prompt_lens.tolist() == [2, 1, 1] and rows.lengths.tolist() == [4, 4, 4]
+    assert (rows.targets >= 0).tolist() == [[False, False, True, True]] + [[False] + [True] * 3] * 2
+    assert rows.features[1, :, 0, 0].tolist() == [6.0, 8.0, 10.0, 12.0]  # positions 3..6
+    last = train_lib.make_batches([_one_sequence_shard(range(3, 12), 2)], vocab, 4, 1)
+    assert last.lengths.tolist() == [4, 4, 3] and last.tokens[2].tolist() == [9, 10, 11, 0]
+
+
+@given(
+    length=st.integers(1, 60),
+    prompt_len=st.integers(0, 60),
+    seq_len=st.integers(2, 16),
+    overlap=st.integers(0, 15),
+)
+def test_rows_make_every_answer_token_a_target_exactly_once(length, prompt_len, seq_len, overlap):
+    overlap, prompt_len = overlap % seq_len, min(prompt_len, length)
+    shard = _one_sequence_shard(np.arange(length) % 13 + 3, prompt_len)
+    vocab = build_vocab(token_counts([shard.tokens], 16), 16)
+    rows = train_lib.make_batches([shard], vocab, seq_len, row_overlap=overlap)
+    seen = np.zeros(length, np.int32)
+    for start, tok, tgt, ctx, n in zip(
+        train_lib.row_starts(length, seq_len, overlap),
+        rows.tokens,
+        rows.targets,
+        rows.prompt_lens,
+        rows.lengths,
+        strict=True,
+    ):
+        np.testing.assert_array_equal(tok[:n], shard.tokens[start : start + n])
+        assert (tgt[:ctx] == -1).all() and (tgt[ctx:n] >= 0).all() and (tgt[n:] == -1).all()
+        assert start == 0 or ctx >= overlap  # a continuation row opens with its context
+        seen[start + ctx : start + n] += 1
+    np.testing.assert_array_equal(seen, np.arange(length) >= prompt_len)
 
 
 def test_training_is_deterministic_and_resumes_to_the_same_curve(tmp_path):

@@ -69,6 +69,15 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=224)
+    parser.add_argument(
+        "--row-overlap",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on long sequences to their end: further rows of --seq-len tokens every "
+        "seq-len - N tokens, each opening with N context positions that are not targets "
+        "(default: each sequence is cut to its first --seq-len tokens). Held-out rows stay cut",
+    )
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup-steps", type=int, default=20)
     parser.add_argument("--weight-decay", type=float, default=0.01)
@@ -111,6 +120,10 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     already at ``--out`` (resumed from, so it must be readable and of this kind)."""
     if args.draft_layers < 1:
         parser.error(f"--draft-layers must be >= 1, got {args.draft_layers}")
+    if args.row_overlap is not None and not 0 <= args.row_overlap < args.seq_len:
+        parser.error(
+            f"--row-overlap must be in [0, --seq-len={args.seq_len}), got {args.row_overlap}"
+        )
     if args.holdout_shards < 0:
         parser.error(f"--holdout-shards must be >= 0, got {args.holdout_shards}")
     if args.train_shards is not None:
@@ -162,11 +175,12 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     counts = token_counts((s.tokens for s in shards), teacher_cfg.vocab_size)
     vocab = build_vocab(counts, args.vocab_size, special_ids=(0, 1, 2))
     print(f"draft vocabulary: {vocab.size} tokens, coverage {vocab.coverage:.4f}")
-    batches = make_batches(shards, vocab, args.seq_len)
+    batches = make_batches(shards, vocab, args.seq_len, args.row_overlap)
     cfg = TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
         seq_len=args.seq_len,
+        row_overlap=args.row_overlap,
         learning_rate=args.lr,
         warmup_steps=args.warmup_steps,
         weight_decay=args.weight_decay,

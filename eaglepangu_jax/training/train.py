@@ -47,6 +47,7 @@ __all__ = [
     "STEP_DECAY",
     "TrainConfig",
     "Batches",
+    "row_starts",
     "make_batches",
     "sequence_loss",
     "batch_loss",
@@ -70,6 +71,7 @@ class TrainConfig:
     steps: int = 200
     batch_size: int = 8
     seq_len: int = 256
+    row_overlap: int | None = None  # None: one row per sequence; see row_starts
     learning_rate: float = 1e-3
     warmup_steps: int = 20
     weight_decay: float = 0.01
@@ -83,6 +85,10 @@ class TrainConfig:
         for field in ("steps", "batch_size", "seq_len", "ttt_steps", "anchors", "checkpoint_every"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+        if self.row_overlap is not None and not 0 <= self.row_overlap < self.seq_len:
+            raise ValueError(
+                f"row_overlap must be in [0, seq_len={self.seq_len}), got {self.row_overlap}"
+            )
         if self.context_window < 0:
             raise ValueError(f"context_window must be >= 0, got {self.context_window}")
 
@@ -94,29 +100,51 @@ class Batches:
     tokens: np.ndarray  # [N, T] int32
     targets: np.ndarray  # [N, T] int32 draft id of each token, -1 when not trainable
     features: np.ndarray  # [N, T, F, H] float16
-    prompt_lens: np.ndarray  # [N] int32 prompt tokens (cut to the row)
+    prompt_lens: np.ndarray  # [N] int32 leading non-target positions (prompt, or context)
     lengths: np.ndarray  # [N] int32 real tokens of each row (the rest is padding)
 
 
-def make_batches(shards: Sequence[Shard], vocab: DraftVocab, seq_len: int) -> Batches:
-    """Cut every sequence to ``seq_len``; only answer tokens inside the draft vocab are targets."""
+def row_starts(length: int, seq_len: int, row_overlap: int | None) -> list[int]:
+    """Where the rows of a ``length``-token sequence start.
+
+    ``row_overlap=None``: one row, the sequence cut to its first ``seq_len`` tokens. An integer
+    ``N``: rows every ``seq_len - N`` tokens until one reaches the end, so a long answer is
+    trained on to its last token and every continuation row opens with ``N`` tokens of context.
+    """
+    if row_overlap is not None and not 0 <= row_overlap < seq_len:
+        raise ValueError(f"row_overlap must be in [0, seq_len={seq_len}), got {row_overlap}")
+    if row_overlap is None or length <= seq_len:
+        return [0]
+    stride = seq_len - row_overlap
+    return [k * stride for k in range(1 + math.ceil((length - seq_len) / stride))]
+
+
+def make_batches(
+    shards: Sequence[Shard], vocab: DraftVocab, seq_len: int, row_overlap: int | None = None
+) -> Batches:
+    """Rows of ``seq_len`` tokens (:func:`row_starts`); only answer tokens inside the draft vocab
+    are targets, and each of them in one row only: the first ``row_overlap`` positions of a
+    continuation row are context, marked as its ``prompt_lens`` and never targets."""
     t2d = vocab.t2d()
     toks, tgts, feats, prompt_lens, lengths = [], [], [], [], []
     for shard in shards:
         for seq, feat, prompt_len in shard.sequences():
-            n = min(len(seq), seq_len)
-            tok = np.zeros((seq_len,), np.int32)
-            tok[:n] = seq[:n]
-            tgt = np.full((seq_len,), -1, np.int32)
-            tgt[:n] = t2d[seq[:n]]
-            tgt[:prompt_len] = -1  # prompt tokens are not the teacher's predictions
-            f = np.zeros((seq_len,) + feat.shape[1:], np.float16)
-            f[:n] = feat[:n]
-            toks.append(tok)
-            tgts.append(tgt)
-            feats.append(f)
-            prompt_lens.append(min(prompt_len, n))
-            lengths.append(n)
+            for start in row_starts(len(seq), seq_len, row_overlap):
+                n = min(len(seq) - start, seq_len)
+                context = prompt_len - start if start == 0 else max(prompt_len - start, row_overlap)
+                context = min(max(context, 0), n)
+                tok = np.zeros((seq_len,), np.int32)
+                tok[:n] = seq[start : start + n]
+                tgt = np.full((seq_len,), -1, np.int32)
+                tgt[:n] = t2d[tok[:n]]
+                tgt[:context] = -1  # prompt (or already-trained context) is not a target
+                f = np.zeros((seq_len,) + feat.shape[1:], np.float16)
+                f[:n] = feat[start : start + n]
+                toks.append(tok)
+                tgts.append(tgt)
+                feats.append(f)
+                prompt_lens.append(context)
+                lengths.append(n)
     if not toks:
         raise ValueError("no training sequences")
     return Batches(
