@@ -194,6 +194,11 @@ def test_it_is_registered_as_a_trained_drafter_and_a_method(teacher, tmp_path, m
         "draft-distilled",
         SpecConfig(budget=5, depth=3, acceptance="sample", temperature=0.7, top_p=0.9),
     )
+    one_chain = methods.make_method("draft-distilled", SpecConfig(budget=8, depth=4), draft_top_k=1)
+    # The setting belongs to the draft-target drafters; a method list shares it, others ignore it.
+    ngram = methods.make_method("ngram", SpecConfig(budget=8, depth=4), draft_top_k=2)
+    assert default.drafter.top_k == shipped.top_k == 2 and one_chain.drafter.top_k == 1
+    assert one_chain.drafter.lengths == (4,) and ngram.drafter is not None
     assert (default.spec.depth, default.drafter.depth, default.drafter.budget) == (4, 4, 6)
     assert not default.drafter.sampling and default.draft_params is params
     assert (sampled.drafter.depth, sampled.drafter.budget) == (3, 5)

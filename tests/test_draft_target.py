@@ -360,9 +360,16 @@ def test_make_method_builds_it_for_the_spec(teacher, monkeypatch):
             "draft-target",
             SpecConfig(budget=5, depth=3, acceptance="sample", temperature=0.7, top_p=0.9),
         )
+        three_chains = methods.make_method(
+            "draft-target", SpecConfig(budget=6, depth=2), draft_top_k=3
+        )
+        with pytest.raises(ValueError, match="draft_top_k must be >= 1, got 0"):
+            methods.make_method("draft-target", SpecConfig(budget=6), draft_top_k=0)
     finally:
         methods._truncated_teacher_draft.cache_clear()
     assert default.spec.depth == default.drafter.depth == draft_target.DEFAULT_DEPTH
+    assert default.drafter.top_k == sampled.drafter.top_k == draft_target.DEFAULT_TOP_K
+    assert three_chains.drafter.top_k == 3 and three_chains.drafter.lengths == (2, 2, 2)
     assert default.drafter.budget == 6 and not default.drafter.sampling
     assert (sampled.drafter.depth, sampled.drafter.budget) == (3, 5)
     assert (sampled.drafter.temperature, sampled.drafter.top_p) == (0.7, 0.9)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from eaglepangu_jax.drafters import draft_distilled, draft_target
 from eaglepangu_jax.drafters.registry import DrafterUnavailableError
 from eaglepangu_jax.engine.config import POLICIES, SpecConfig
 from eaglepangu_jax.engine.decode import Teacher, validate
@@ -227,17 +228,25 @@ def method_of(
     spec: SpecConfig,
     default: bool,
     torch_threads: int | None = None,
+    draft_top_k: int | None = None,
 ) -> Method:
     """``make_method`` with its errors turned into a parser error."""
     try:
-        return make_method(name, spec, default_depth=default, torch_threads=torch_threads)
+        return make_method(
+            name,
+            spec,
+            default_depth=default,
+            torch_threads=torch_threads,
+            draft_top_k=draft_top_k,
+        )
     except (ValueError, DrafterUnavailableError) as err:
         parser.error(str(err))
     raise AssertionError("unreachable")
 
 
 def add_tree_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
-    """The options that shape a run's tree (``--max-new-tokens --budget --depth --policy``)."""
+    """The options that shape a run's tree (``--max-new-tokens --budget --depth --draft-top-k
+    --policy``)."""
     p.add_argument(
         "--max-new-tokens",
         type=positive,
@@ -261,6 +270,16 @@ def add_tree_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None
         metavar="D",
         help=f"deepest tree node (default: {DEFAULT_DEPTH} for ngram, the "
         f"shipped head's own depth for eagle3)",
+    )
+    p.add_argument(
+        "--draft-top-k",
+        type=positive,
+        default=None,
+        metavar="K",
+        help="root children of the draft-target drafters (draft-target, draft-distilled): "
+        "K chains of up to --depth tokens share the --budget nodes (default: the draft's "
+        f"own, {draft_target.DEFAULT_TOP_K} for draft-target, "
+        f"{draft_distilled.DEFAULT_TOP_K} for draft-distilled); other drafters ignore it",
     )
     p.add_argument(
         "--policy",

@@ -106,7 +106,13 @@ def run(parser, args, teacher=None, renderer=None) -> int:
         else:
             args_lib.note("drafter: eagle3 (shipped weights)")
     else:
-        method = args_lib.method_of(parser, "greedy" if name == "none" else name, spec, default)
+        method = args_lib.method_of(
+            parser,
+            "greedy" if name == "none" else name,
+            spec,
+            default,
+            draft_top_k=args.draft_top_k,
+        )
         args_lib.note(f"drafter: {name}")
 
     # The prompt is encoded and checked against the teacher's shape before its weights load.

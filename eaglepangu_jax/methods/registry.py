@@ -136,15 +136,24 @@ def _truncated_teacher_draft() -> tuple[Any, Any]:
         ) from err
 
 
-def load_truncated_draft(spec: SpecConfig) -> tuple[Any, Any]:
+def load_truncated_draft(spec: SpecConfig, *, top_k: int | None = None) -> tuple[Any, Any]:
     """The draft-target drafter on the real teacher truncated to
     :data:`~eaglepangu_jax.drafters.draft_target.DEFAULT_LAYERS` layers, and its weights,
     set up for ``spec``: its budget and depth, and when ``spec`` samples its temperature and
     top-p (the drafter cannot read the engine's traced values; any is lossless, the run's
-    accepts most)."""
+    accepts most); ``top_k`` root children when given (else its measured default)."""
     drafter, params = _truncated_teacher_draft()
-    sampled = dict(temperature=spec.temperature, top_p=spec.top_p) if spec.sampling else {}
-    return dataclasses.replace(drafter, budget=spec.budget, depth=spec.depth, **sampled), params
+    return _draft_target_for(drafter, spec, top_k), params
+
+
+def _draft_target_for(drafter: Any, spec: SpecConfig, top_k: int | None) -> Any:
+    """A draft-target drafter set up for ``spec`` (see :func:`load_truncated_draft`)."""
+    changes: dict[str, Any] = dict(budget=spec.budget, depth=spec.depth)
+    if spec.sampling:
+        changes.update(temperature=spec.temperature, top_p=spec.top_p)
+    if top_k is not None:
+        changes.update(top_k=top_k)
+    return dataclasses.replace(drafter, **changes)
 
 
 def make_method(
@@ -154,6 +163,7 @@ def make_method(
     default_depth: bool = False,
     eagle3_loader: Callable[[], tuple[Any, Any]] | None = None,
     torch_threads: int | None = None,
+    draft_top_k: int | None = None,
 ) -> Method:
     """Build a benchmark method; ``spec``'s budget and depth configure the drafter.
 
@@ -168,12 +178,17 @@ def make_method(
       eagle3_loader: returns the EAGLE-3 ``(drafter, params)`` (default: :func:`load_eagle3`).
       torch_threads: torch's threads for the transformers peers (``None``: torch's default;
         see :class:`~eaglepangu_jax.methods.peers.TransformersPeer`).
+      draft_top_k: the draft-target drafters' root children (``top_k`` chains sharing the
+        budget; ``None``: each draft's default). Other methods have no such setting and
+        ignore it, so one value can serve a whole method list.
 
     Raises:
-      ValueError: unknown name, or a depth above the drafter's maximum.
+      ValueError: unknown name, a depth above the drafter's maximum, or ``draft_top_k < 1``.
       DrafterUnavailableError: a shipped drafter was asked for and cannot be loaded, or a peer
         whose packages are not installed.
     """
+    if draft_top_k is not None and draft_top_k < 1:
+        raise ValueError(f"draft_top_k must be >= 1, got {draft_top_k}")
     if name == REFERENCE:
         return Method(name=name, spec=spec)
     if name in PEER_METHODS:
@@ -196,13 +211,12 @@ def make_method(
     elif name == DRAFT_TARGET:
         if default_depth:
             spec = dataclasses.replace(spec, depth=draft_target.DEFAULT_DEPTH)
-        drafter, params = load_truncated_draft(spec)
+        drafter, params = load_truncated_draft(spec, top_k=draft_top_k)
     elif name == DRAFT_DISTILLED:
         drafter, params = load_shipped(name)
         if default_depth:
             spec = dataclasses.replace(spec, depth=drafter.depth)
-        sampled = dict(temperature=spec.temperature, top_p=spec.top_p) if spec.sampling else {}
-        drafter = dataclasses.replace(drafter, budget=spec.budget, depth=spec.depth, **sampled)
+        drafter = _draft_target_for(drafter, spec, draft_top_k)
     else:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
     if spec.depth > drafter.max_depth:
