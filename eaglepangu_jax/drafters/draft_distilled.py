@@ -1,6 +1,6 @@
 """The shipped distilled draft model as a draft-target drafter (``"draft-distilled"``).
 
-A two-layer Llama of the teacher's width, started from the teacher's first layers and trained
+A four-layer Llama of the teacher's width, started from the teacher's first layers and trained
 on the self-distilled corpus to predict the teacher's greedy token
 (:class:`~eaglepangu_jax.drafters.draft_target_model.DraftModelConfig`; training:
 ``eaglepangu train-draft --kind draft-model``). It owns its layers, final norm and a head over
