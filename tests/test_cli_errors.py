@@ -249,6 +249,11 @@ def test_bad_checkpoint_paths_for_train_draft(tmp_path, capsys, no_model):
         ["train-draft", "--out", "x", "--corpus", str(tmp_path), "--train-shards", "0"],
         "--train-shards must be >= 1",
     )
+    _user_error(
+        capsys,
+        ["train-draft", "--out", "x", "--init-from", str(tmp_path / "run")],
+        "--init-from: checkpoint",  # the broken run.json written above
+    )
     for overlap in ("-1", "224"):  # the default --seq-len is 224
         _user_error(
             capsys, ["train-draft", "--out", "x", "--row-overlap", overlap], "--row-overlap"

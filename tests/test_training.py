@@ -216,6 +216,55 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
         checkpoint_lib.load_checkpoint(path, fingerprint=FP, config=wrong)
 
 
+def test_a_new_run_starts_from_a_stored_head_where_the_old_run_ended(tmp_path):
+    """``--init-from``: the stored head is the new run's step-0 weights, exactly."""
+    head_cfg, vocab, batches, embed = _fake_setup()
+    tc = train_lib.TrainConfig(
+        steps=4, batch_size=2, seq_len=16, ttt_steps=2, warmup_steps=1, learning_rate=1e-2
+    )
+    trained, _ = train_lib.train(
+        batches, head_cfg, vocab, embed, tc, fingerprint=FP, progress=False
+    )
+    path = tmp_path / "first"
+    checkpoint_lib.save_checkpoint(
+        path, trained, head_cfg, vocab.d2t, fingerprint=FP, extra={"step": 4}
+    )
+    start, provenance = checkpoint_lib.load_starting_head(
+        path, config=head_cfg, d2t=vocab.d2t, fingerprint=FP
+    )
+    assert provenance["step"] == 4 and provenance["path"] == str(path)
+    for name in trained:
+        np.testing.assert_array_equal(np.asarray(start[name]), np.asarray(trained[name]))
+    second = dataclasses.replace(tc, seed=1)
+    _, losses = train_lib.train(
+        batches, head_cfg, vocab, embed, second, fingerprint=FP, progress=False, initial_head=start
+    )
+    kind = train_lib.KINDS["eagle3"]
+    rows = train_lib.batch_indices(0, batches.tokens.shape[0], second)
+    arrays = tuple(jax.numpy.asarray(a) for a in kind.arrays(batches, rows, 0, second, head_cfg))
+    expected, _ = kind.loss(trained, head_cfg, jax.numpy.asarray(embed), arrays, second)
+    np.testing.assert_allclose(losses[0], float(expected), rtol=1e-5)
+
+
+def test_a_stored_head_of_another_shape_vocabulary_or_teacher_cannot_start_a_run(tmp_path):
+    head_cfg, vocab, _, _ = _fake_setup()
+    path = tmp_path / "ck"
+    checkpoint_lib.save_checkpoint(
+        path, eagle3.init_head(head_cfg, jax.random.key(3)), head_cfg, vocab.d2t, fingerprint=FP
+    )
+    wider = dataclasses.replace(head_cfg, intermediate_size=head_cfg.intermediate_size + 1)
+    with pytest.raises(ValueError, match="another config"):
+        checkpoint_lib.load_starting_head(path, config=wider, d2t=vocab.d2t, fingerprint=FP)
+    with pytest.raises(ValueError, match="another draft vocabulary"):
+        checkpoint_lib.load_starting_head(
+            path, config=head_cfg, d2t=vocab.d2t[::-1].copy(), fingerprint=FP
+        )
+    with pytest.raises(ValueError, match="teacher"):
+        checkpoint_lib.load_starting_head(
+            path, config=head_cfg, d2t=vocab.d2t, fingerprint="0" * 64
+        )
+
+
 def test_eagle3_evaluation_literal_chains(monkeypatch):
     """Held-out chains on a literal case: a fake head that misses where we say so."""
     depth, vd, t = 2, 16, 8

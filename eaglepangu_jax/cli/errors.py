@@ -34,6 +34,7 @@ VALIDATORS = frozenset(
         ("eaglepangu_jax.engine.config", "__post_init__"),  # SpecConfig's checks
         ("eaglepangu_jax.evaluation.run", "check_prompts"),  # bench: a turn too long
         ("eaglepangu_jax.drafters.checkpoint", "load_checkpoint"),  # a checkpoint path
+        ("eaglepangu_jax.drafters.checkpoint", "load_starting_head"),  # --init-from
         ("eaglepangu_jax.training.train", "train"),  # resuming a checkpoint of another run
     }
 )

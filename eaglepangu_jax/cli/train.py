@@ -14,7 +14,11 @@ import numpy as np
 from eaglepangu_jax import runtime
 from eaglepangu_jax.cli import errors
 from eaglepangu_jax.drafters import block, eagle3
-from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
+from eaglepangu_jax.drafters.checkpoint import (
+    load_checkpoint,
+    load_starting_head,
+    save_checkpoint,
+)
 from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig, init_from_teacher
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
 from eaglepangu_jax.training.train import KINDS, TrainConfig, make_batches, train
@@ -106,6 +110,15 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         default=0,
         help="block: half the blocks see only the last 1..N context positions",
     )
+    parser.add_argument(
+        "--init-from",
+        default=None,
+        metavar="CKPT",
+        help="start from the head of this checkpoint or export (same --kind, head shape and "
+        "draft vocabulary) with a fresh optimiser and schedule, e.g. to go on training a head "
+        "whose held-out loss still fell when its schedule ended. A checkpoint at --out is "
+        "resumed instead",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ray-address", default=None)
     args = parser.parse_args(argv)
@@ -134,6 +147,11 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     for option, path in (("--out", args.out), ("--export", args.export)):
         if path is not None and not Path(path).resolve().parent.is_dir():
             parser.error(f"{option}: cannot write {path}: its folder does not exist")
+    if args.init_from is not None:
+        try:  # shape, vocabulary and teacher are checked once those are known
+            load_checkpoint(args.init_from, fingerprint=None, kind=args.kind)
+        except ValueError as err:
+            parser.error(f"--init-from: {err}")
     if Path(args.out).with_suffix(".json").exists():
         try:  # the teacher's fingerprint is checked once the teacher is loaded
             load_checkpoint(args.out, fingerprint=None, kind=args.kind)
@@ -215,6 +233,16 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
 
     evaluating = bool(held)
     held_batches = make_batches(held, vocab, args.seq_len) if evaluating else None
+    initial_head, started_from = None, None
+    if args.init_from is not None:
+        initial_head, started_from = load_starting_head(
+            args.init_from, config=head_cfg, d2t=vocab.d2t, fingerprint=fingerprint
+        )
+        print(f"starting from {args.init_from} (its step {started_from['step']})")
+        if Path(args.out).with_suffix(".json").exists():
+            print(f"--out {args.out} holds a checkpoint: resuming it (--init-from starts runs)")
+    elif args.kind == "draft-model":
+        initial_head = init_from_teacher(head_cfg, params, vocab.d2t)
     t_train = time.time()
     head, losses = train(
         batches,
@@ -225,9 +253,7 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         fingerprint=fingerprint,
         checkpoint=args.out,
         final_norm=params["final_norm"],
-        initial_head=(
-            init_from_teacher(head_cfg, params, vocab.d2t) if args.kind == "draft-model" else None
-        ),
+        initial_head=initial_head,
         monitor=monitor if evaluating else None,
         monitor_every=args.eval_every,
     )
@@ -240,6 +266,8 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         "train_sequences": int(batches.tokens.shape[0]),
         "vocab_coverage": vocab.coverage,
     }
+    if started_from is not None:
+        extra["init_from"] = started_from
     if best:
         head = best["head"]
         extra.update(

@@ -26,7 +26,14 @@ from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig
 from eaglepangu_jax.drafters.eagle3_head import Eagle3Config
 from eaglepangu_jax.files import atomic_write
 
-__all__ = ["FORMATS", "format_name", "kind_of", "save_checkpoint", "load_checkpoint"]
+__all__ = [
+    "FORMATS",
+    "format_name",
+    "kind_of",
+    "save_checkpoint",
+    "load_checkpoint",
+    "load_starting_head",
+]
 
 # Kind name -> head config class (``to_json`` / ``from_json`` / ``head_shapes``).
 FORMATS: dict[str, type] = {
@@ -164,3 +171,36 @@ def load_checkpoint(
         raise ValueError(f"checkpoint {path}: d2t holds ids outside the teacher vocabulary")
     opt = {int(k.split(".")[1]): v for k, v in arrays.items() if k.startswith("opt.")}
     return cfg, head, d2t, meta, opt
+
+
+def load_starting_head(
+    path: str | Path, *, config: Any, d2t: np.ndarray, fingerprint: str
+) -> tuple[dict, dict]:
+    """The head stored at ``path`` as the starting weights of a new training run:
+    ``(head float32, provenance)``.
+
+    A new run (fresh optimiser and schedule) may start from an earlier run's checkpoint or
+    export, e.g. to continue a schedule that ended while the held-out loss still fell. Its
+    weights only mean something over the same head shape and the same draft vocabulary (row
+    ``i`` of the head scores draft token ``i``), so both must match exactly.
+
+    Raises:
+      ValueError: anything :func:`load_checkpoint` refuses, another head config, or another
+        draft vocabulary (the row order of the head would be wrong).
+    """
+    stored, head, stored_d2t, meta, _ = load_checkpoint(
+        path, fingerprint=fingerprint, kind=kind_of(config)
+    )
+    if stored != config:
+        have, want = stored.to_json(), config.to_json()
+        changed = ", ".join(
+            f"{k}={have.get(k)} there, {v} here" for k, v in want.items() if have.get(k) != v
+        )
+        raise ValueError(f"checkpoint {path} holds a head of another config ({changed})")
+    if not np.array_equal(np.asarray(stored_d2t), np.asarray(d2t)):
+        raise ValueError(
+            f"checkpoint {path} was trained over another draft vocabulary (another corpus, "
+            f"--vocab-size or held-out split): its rows would score the wrong tokens"
+        )
+    provenance = {"path": str(path), "step": meta.get("step"), "held_out": meta.get("held_out")}
+    return head, provenance
