@@ -30,20 +30,27 @@ import time
 from pathlib import Path
 
 
-def corpus_shards(teacher, corpus: str, feature_layers, fingerprint: str) -> list:
-    """The corpus's held-out shards with the teacher features ``feature_layers``."""
-    from eaglepangu_jax.models.weights_cache import resolve_cache_dir
+def corpus_split(corpus: str, split: str):
+    """Yield ``(manifest entry, corpus shard)`` of every shard of ``split`` in the manifest."""
     from eaglepangu_jax.training import corpus as corpus_lib
     from eaglepangu_jax.training import distill
-    from eaglepangu_jax.training.features import shard_features
 
-    held = []
     for entry in distill.read_manifest(corpus)["shards"]:
-        if entry["split"] != "heldout":
+        if entry["split"] != split:
             continue
         shard = corpus_lib.load_corpus_shard(Path(corpus) / "answers", entry["key"])
         if shard is None:
             raise SystemExit(f"corpus shard {entry['key']} is missing or corrupt")
+        yield entry, shard
+
+
+def corpus_shards(teacher, corpus: str, feature_layers, fingerprint: str) -> list:
+    """The corpus's held-out shards with the teacher features ``feature_layers``."""
+    from eaglepangu_jax.models.weights_cache import resolve_cache_dir
+    from eaglepangu_jax.training.features import shard_features
+
+    held = []
+    for entry, shard in corpus_split(corpus, "heldout"):
         held.append(
             shard_features(
                 teacher,
@@ -122,16 +129,9 @@ def coverage_by_size(corpus: str, sizes: list[int], shards, vocab_size: int) -> 
     import numpy as np
 
     from eaglepangu_jax.drafters.vocab import build_vocab
-    from eaglepangu_jax.training import corpus as corpus_lib
-    from eaglepangu_jax.training import distill
 
     counts = np.zeros((vocab_size,), np.int64)
-    for entry in distill.read_manifest(corpus)["shards"]:
-        if entry["split"] != "train":
-            continue
-        shard = corpus_lib.load_corpus_shard(Path(corpus) / "answers", entry["key"])
-        if shard is None:
-            raise SystemExit(f"corpus shard {entry['key']} is missing or corrupt")
+    for _, shard in corpus_split(corpus, "train"):
         for ids in (shard.prompt_ids, shard.answer_ids):
             counts += np.bincount(np.asarray(ids, np.int64), minlength=vocab_size)
     return {str(n): coverage(shards, build_vocab(counts, n)) for n in sizes}
