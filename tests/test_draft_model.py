@@ -12,7 +12,11 @@ import pytest
 
 from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import mask as mask_lib
-from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
+from eaglepangu_jax.drafters.checkpoint import (
+    load_checkpoint,
+    load_starting_head,
+    save_checkpoint,
+)
 from eaglepangu_jax.drafters.draft_target import DraftTargetDrafter, truncated_teacher
 from eaglepangu_jax.drafters.draft_target_model import (
     DraftModelConfig,
@@ -163,6 +167,43 @@ def test_training_lowers_the_loss_reproducibly_and_the_checkpoint_round_trips(te
         np.testing.assert_array_equal(np.asarray(loaded[name]), np.asarray(value))
     with pytest.raises(ValueError, match="not the 'eagle3' asked for"):
         load_checkpoint(tmp_path / "export", fingerprint="tiny", kind="eagle3")
+
+
+def test_a_trained_draft_model_moves_to_a_wider_vocabulary_keeping_its_columns(teacher, tmp_path):
+    """``--init-from`` with another ``--vocab-size``: shared ids keep their trained columns."""
+    config, vocab, head, _ = train_tiny(teacher, tmp_path, 6, "narrow")
+    save_checkpoint(tmp_path / "narrow_export", head, config, vocab.d2t, fingerprint="tiny")
+    # 64 ids in reverse order: shares the even ids from V - 64 up with the trained vocabulary
+    # (the 48 even ids from 0), each at another place.
+    wide_d2t = np.arange(CFG.vocab_size - 1, -1, -1, dtype=np.int32)[:64]
+    wide = dataclasses.replace(config, draft_vocab_size=len(wide_d2t))
+    fresh = init_from_teacher(wide, teacher.params, wide_d2t)
+    start, provenance = load_starting_head(
+        tmp_path / "narrow_export", config=wide, d2t=wide_d2t, fingerprint="tiny", fresh_head=fresh
+    )
+    old_place = {int(t): i for i, t in enumerate(vocab.d2t)}
+    shared = [j for j, t in enumerate(wide_d2t) if int(t) in old_place]
+    assert provenance["vocabulary"] == {"kept": len(shared), "new": len(wide_d2t) - len(shared)}
+    assert 0 < len(shared) < len(wide_d2t)
+    for j, t in enumerate(wide_d2t):
+        source = head["lm_head"][:, old_place[int(t)]] if j in shared else fresh["lm_head"][:, j]
+        np.testing.assert_array_equal(np.asarray(start["lm_head"][:, j]), np.asarray(source))
+    for name in head:
+        if name != "lm_head":
+            np.testing.assert_array_equal(np.asarray(start[name]), np.asarray(head[name]))
+    with pytest.raises(ValueError, match="another draft vocabulary"):  # no fresh columns given
+        load_starting_head(
+            tmp_path / "narrow_export", config=wide, d2t=wide_d2t, fingerprint="tiny"
+        )
+    deeper = dataclasses.replace(wide, num_layers=2)
+    with pytest.raises(ValueError, match="num_layers=1 there, 2 here"):
+        load_starting_head(
+            tmp_path / "narrow_export",
+            config=deeper,
+            d2t=wide_d2t,
+            fingerprint="tiny",
+            fresh_head=init_from_teacher(deeper, teacher.params, wide_d2t),
+        )
 
 
 @pytest.mark.parametrize(

@@ -115,7 +115,8 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         default=None,
         metavar="CKPT",
         help="start from the head of this checkpoint or export (same --kind, head shape and "
-        "draft vocabulary) with a fresh optimiser and schedule, e.g. to go on training a head "
+        "draft vocabulary; a draft-model may change its --vocab-size: shared tokens keep their "
+        "head columns) with a fresh optimiser and schedule, e.g. to go on training a head "
         "whose held-out loss still fell when its schedule ended. A checkpoint at --out is "
         "resumed instead",
     )
@@ -234,15 +235,25 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     evaluating = bool(held)
     held_batches = make_batches(held, vocab, args.seq_len) if evaluating else None
     initial_head, started_from = None, None
+    if args.kind == "draft-model":
+        initial_head = init_from_teacher(head_cfg, params, vocab.d2t)
     if args.init_from is not None:
         initial_head, started_from = load_starting_head(
-            args.init_from, config=head_cfg, d2t=vocab.d2t, fingerprint=fingerprint
+            args.init_from,
+            config=head_cfg,
+            d2t=vocab.d2t,
+            fingerprint=fingerprint,
+            fresh_head=initial_head,
         )
         print(f"starting from {args.init_from} (its step {started_from['step']})")
+        if "vocabulary" in started_from:
+            print(
+                "draft vocabulary moved: {kept} columns kept, {new} new".format(
+                    **started_from["vocabulary"]
+                )
+            )
         if Path(args.out).with_suffix(".json").exists():
             print(f"--out {args.out} holds a checkpoint: resuming it (--init-from starts runs)")
-    elif args.kind == "draft-model":
-        initial_head = init_from_teacher(head_cfg, params, vocab.d2t)
     t_train = time.time()
     head, losses = train(
         batches,

@@ -13,6 +13,7 @@ imports the training code.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,12 @@ def load_checkpoint(
 
 
 def load_starting_head(
-    path: str | Path, *, config: Any, d2t: np.ndarray, fingerprint: str
+    path: str | Path,
+    *,
+    config: Any,
+    d2t: np.ndarray,
+    fingerprint: str,
+    fresh_head: dict | None = None,
 ) -> tuple[dict, dict]:
     """The head stored at ``path`` as the starting weights of a new training run:
     ``(head float32, provenance)``.
@@ -182,25 +188,43 @@ def load_starting_head(
     A new run (fresh optimiser and schedule) may start from an earlier run's checkpoint or
     export, e.g. to continue a schedule that ended while the held-out loss still fell. Its
     weights only mean something over the same head shape and the same draft vocabulary (row
-    ``i`` of the head scores draft token ``i``), so both must match exactly.
+    ``i`` of the head scores draft token ``i``), so both must match, with one exception: a
+    draft model (kind ``draft-model``, whose only vocabulary-indexed tensor is ``lm_head``)
+    may move to another draft vocabulary, e.g. a wider one. Its layers and norm are kept, the
+    ``lm_head`` column of every teacher id in both vocabularies is carried to that id's new
+    place, and the columns of ids new to the vocabulary come from ``fresh_head`` (the run's
+    own initial head, the teacher's embedding rows for a draft model).
 
     Raises:
       ValueError: anything :func:`load_checkpoint` refuses, another head config, or another
-        draft vocabulary (the row order of the head would be wrong).
+        draft vocabulary (the row order of the head would be wrong) where it cannot move.
     """
-    stored, head, stored_d2t, meta, _ = load_checkpoint(
-        path, fingerprint=fingerprint, kind=kind_of(config)
-    )
+    kind = kind_of(config)
+    stored, head, stored_d2t, meta, _ = load_checkpoint(path, fingerprint=fingerprint, kind=kind)
+    provenance = {"path": str(path), "step": meta.get("step"), "held_out": meta.get("held_out")}
+    same_vocab = np.array_equal(np.asarray(stored_d2t), np.asarray(d2t))
+    movable = kind == "draft-model" and fresh_head is not None
+    if not same_vocab and not movable:
+        raise ValueError(
+            f"checkpoint {path} was trained over another draft vocabulary (another corpus, "
+            f"--vocab-size or held-out split): its rows would score the wrong tokens"
+        )
+    if not same_vocab:
+        stored = dataclasses.replace(stored, draft_vocab_size=config.draft_vocab_size)
     if stored != config:
         have, want = stored.to_json(), config.to_json()
         changed = ", ".join(
             f"{k}={have.get(k)} there, {v} here" for k, v in want.items() if have.get(k) != v
         )
         raise ValueError(f"checkpoint {path} holds a head of another config ({changed})")
-    if not np.array_equal(np.asarray(stored_d2t), np.asarray(d2t)):
-        raise ValueError(
-            f"checkpoint {path} was trained over another draft vocabulary (another corpus, "
-            f"--vocab-size or held-out split): its rows would score the wrong tokens"
-        )
-    provenance = {"path": str(path), "step": meta.get("step"), "held_out": meta.get("held_out")}
+    if same_vocab:
+        return head, provenance
+    old_place = {int(t): i for i, t in enumerate(np.asarray(stored_d2t))}
+    new_ids = np.asarray(d2t)
+    kept = np.array([int(t) in old_place for t in new_ids])
+    columns = np.asarray(fresh_head["lm_head"], np.float32).copy()
+    old = np.asarray(head["lm_head"], np.float32)
+    columns[:, kept] = old[:, [old_place[int(t)] for t in new_ids[kept]]]
+    head = {**head, "lm_head": jnp.asarray(columns)}
+    provenance["vocabulary"] = {"kept": int(kept.sum()), "new": int((~kept).sum())}
     return head, provenance
