@@ -14,7 +14,7 @@
 """
 
 from eaglepangu_jax.drafters.block import BlockDrafter, load_shipped_block
-from eaglepangu_jax.drafters.checkpoint import load_checkpoint, save_checkpoint
+from eaglepangu_jax.drafters.checkpoint import load_checkpoint, load_starting_head, save_checkpoint
 from eaglepangu_jax.drafters.draft_distilled import load_shipped_draft_distilled
 from eaglepangu_jax.drafters.draft_target import (
     DraftTargetDrafter,
@@ -49,6 +49,7 @@ __all__ = [
     "load_shipped_block",
     "load_shipped_draft_distilled",
     "load_shipped_eagle3",
+    "load_starting_head",
     "make_drafter",
     "save_checkpoint",
     "truncated_teacher",
