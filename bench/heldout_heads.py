@@ -91,8 +91,9 @@ def suite_sequences(teacher, suite: str, per_category: int, max_new_tokens: int)
     return out
 
 
-def as_shard(teacher, sequences: list, feature_layers):
-    """One in-memory shard of ``(category, ids, prompt_len)`` rows with their features."""
+def suite_shards(teacher, sequences: list, feature_layers) -> tuple[list, dict[str, list]]:
+    """The ``(category, ids, prompt_len)`` rows as in-memory shards with their features (each
+    sequence's computed once): ``([all rows], {category: [its rows]})``."""
     import numpy as np
 
     from eaglepangu_jax.training.data import Shard
@@ -103,12 +104,18 @@ def as_shard(teacher, sequences: list, feature_layers):
         feats = sequence_features(teacher, ids, feature_layers)
     else:  # a draft model reads tokens only
         feats = [np.zeros((len(s), 0, 1), np.float16) for s in ids]
-    return Shard(
-        tokens=np.concatenate(ids),
-        offsets=np.concatenate([[0], np.cumsum([len(s) for s in ids])]).astype(np.int64),
-        prompt_lens=np.asarray([p for _, _, p in sequences], np.int32),
-        features=np.concatenate(feats).astype(np.float16),
-    )
+
+    def shard(rows: list[int]) -> Shard:
+        return Shard(
+            tokens=np.concatenate([ids[i] for i in rows]),
+            offsets=np.concatenate([[0], np.cumsum([len(ids[i]) for i in rows])]).astype(np.int64),
+            prompt_lens=np.asarray([sequences[i][2] for i in rows], np.int32),
+            features=np.concatenate([feats[i] for i in rows]).astype(np.float16),
+        )
+
+    categories = sorted({c for c, _, _ in sequences})
+    groups = {c: [shard([i for i, s in enumerate(sequences) if s[0] == c])] for c in categories}
+    return [shard(list(range(len(sequences))))], groups
 
 
 def coverage(shards, vocab) -> float:
@@ -123,9 +130,9 @@ def coverage(shards, vocab) -> float:
     return inside / max(total, 1)
 
 
-def coverage_by_size(corpus: str, sizes: list[int], shards, vocab_size: int) -> dict[str, float]:
-    """The coverage of ``shards``' answers by a draft vocabulary of each size, built as training
-    builds it: the most frequent ids of the corpus's training split (prompts and answers)."""
+def training_vocabularies(corpus: str, sizes: list[int], vocab_size: int) -> dict[str, object]:
+    """A draft vocabulary of each size, built as training builds it: the most frequent ids of
+    the corpus's training split (prompts and answers)."""
     import numpy as np
 
     from eaglepangu_jax.drafters.vocab import build_vocab
@@ -134,7 +141,7 @@ def coverage_by_size(corpus: str, sizes: list[int], shards, vocab_size: int) -> 
     for _, shard in corpus_split(corpus, "train"):
         for ids in (shard.prompt_ids, shard.answer_ids):
             counts += np.bincount(np.asarray(ids, np.int64), minlength=vocab_size)
-    return {str(n): coverage(shards, build_vocab(counts, n)) for n in sizes}
+    return {str(n): build_vocab(counts, n) for n in sizes}
 
 
 def evaluate(kind: str, head, config, embed, batches, depth: int, meta: dict) -> dict:
@@ -199,6 +206,7 @@ def main() -> int:
     sequences = None
     if args.suite:
         sequences = suite_sequences(teacher, args.suite, args.per_category, args.max_new_tokens)
+    sized = training_vocabularies(args.vocab_corpus, sizes, cfg.vocab_size) if sizes else {}
     rows = []
     for path in args.checkpoint:
         config, head, d2t, meta, _ = load_checkpoint(path, fingerprint=fingerprint)
@@ -208,12 +216,7 @@ def main() -> int:
             held = corpus_shards(teacher, args.corpus, layers, fingerprint)
             groups = {}
         else:
-            held = [as_shard(teacher, sequences, layers)]
-            categories = sorted({c for c, _, _ in sequences})
-            groups = {
-                c: [as_shard(teacher, [s for s in sequences if s[0] == c], layers)]
-                for c in categories
-            }
+            held, groups = suite_shards(teacher, sequences, layers)
         start = time.perf_counter()
         batches = train.make_batches(held, vocab, args.seq_len)
         report = evaluate(meta["format"], head, config, params["embed"], batches, args.depth, meta)
@@ -224,10 +227,8 @@ def main() -> int:
             sequences=int(batches.tokens.shape[0]),
             vocab_coverage=coverage(held, vocab),
         )
-        if sizes:
-            report["vocab_coverage_by_size"] = coverage_by_size(
-                args.vocab_corpus, sizes, held, cfg.vocab_size
-            )
+        if sized:
+            report["vocab_coverage_by_size"] = {n: coverage(held, v) for n, v in sized.items()}
             print("coverage by draft vocabulary size:", report["vocab_coverage_by_size"])
         by_category = {}
         for name, shards in groups.items():
