@@ -370,7 +370,24 @@ def test_make_method_builds_it_for_the_spec(teacher, monkeypatch):
     assert default.spec.depth == default.drafter.depth == draft_target.DEFAULT_DEPTH
     assert default.drafter.top_k == sampled.drafter.top_k == draft_target.DEFAULT_TOP_K
     assert three_chains.drafter.top_k == 3 and three_chains.drafter.lengths == (2, 2, 2)
-    assert default.drafter.budget == 6 and not default.drafter.sampling
+    # Two chains of 2 fill 4 of the 6 nodes: the budget (and the verified tree) shrinks to 4.
+    assert default.spec.budget == default.drafter.budget == 4 and not default.drafter.sampling
+    assert three_chains.spec.budget == three_chains.drafter.budget == 6
     assert (sampled.drafter.depth, sampled.drafter.budget) == (3, 5)
     assert (sampled.drafter.temperature, sampled.drafter.top_p) == (0.7, 0.9)
     assert sampled.draft_params is params
+
+
+def test_a_budget_the_chains_cannot_fill_changes_no_token(teacher, plain):
+    """``make_method`` lowers the budget to ``depth * top_k``; the padding it drops was never
+    valid, so the run emits the same tokens and accepts the same nodes, on a 5-slot tree
+    instead of a 9-slot one."""
+    drafter, params = drafter_for(teacher, 2, top_k=1, budget=8, depth=4)
+    runs = {}
+    for budget in (8, 4):
+        d = dataclasses.replace(drafter, budget=budget)
+        spec = dataclasses.replace(spec_of(d), policy="drafter")
+        runs[budget] = gen.generate(teacher, d, PROMPT, spec, draft_params=params)
+    assert runs[8].tokens == runs[4].tokens == plain.tokens
+    assert runs[8].stats.accepted_per_round == runs[4].stats.accepted_per_round
+    assert max(runs[4].stats.nodes_per_round) == 4
