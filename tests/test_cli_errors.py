@@ -254,6 +254,20 @@ def test_bad_checkpoint_paths_for_train_draft(tmp_path, capsys, no_model):
         ["train-draft", "--out", "x", "--init-from", str(tmp_path / "run")],
         "--init-from: checkpoint",  # the broken run.json written above
     )
+    _user_error(
+        capsys,
+        ["train-draft", "--out", "x", "--soft-targets", "0.5"],  # the default kind is eagle3
+        "--soft-targets trains a draft model: it needs --kind draft-model",
+    )
+    for weight in ("-0.1", "1.5"):
+        _user_error(
+            capsys,
+            ["train-draft", "--out", "x", "--kind", "draft-model", "--soft-targets", weight],
+            "--soft-targets must be in (0, 1]",
+        )
+    _user_error(
+        capsys, ["train-draft", "--out", "x", "--soft-top-k", "0"], "--soft-top-k must be >= 1"
+    )
     for overlap in ("-1", "224"):  # the default --seq-len is 224
         _user_error(
             capsys, ["train-draft", "--out", "x", "--row-overlap", overlap], "--row-overlap"

@@ -29,6 +29,7 @@ from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
+from eaglepangu_jax.training import soft_targets as soft_lib
 from eaglepangu_jax.training import train as train_lib
 from eaglepangu_jax.training import train_draft_model
 
@@ -262,3 +263,124 @@ def test_the_shipped_distilled_draft_is_lossless_and_accepts_on_the_real_teacher
     out = gen.generate(teacher, drafter, prompt, spec, draft_params=dparams)
     assert out.tokens == plain.tokens
     assert out.stats.accepted_length > 1.0
+
+
+# ------------------------------------------------------------------------- soft targets
+
+
+def tapped(teacher, tokens, layers):
+    """The teacher's logits and the features leaving ``layers`` on one causal sequence."""
+    t = len(tokens)
+    cache = cache_lib.init(CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim, jnp.float32)
+    logits, features, _ = llama.forward(
+        teacher.params,
+        jnp.asarray(tokens, jnp.int32),
+        jnp.arange(t, dtype=jnp.int32),
+        cache,
+        mask_lib.causal_mask(t, 0, t),
+        config=CFG,
+        feature_layers=layers,
+    )
+    return np.asarray(logits), np.asarray(features)
+
+
+def test_the_teachers_top_layers_on_its_tapped_features_give_its_own_logits(teacher):
+    d2t = np.array([3, 0, 50, 7, 96, 11], np.int32)
+    for below in range(CFG.num_layers):  # the last one leaves only the final norm and head
+        logits, features = tapped(teacher, PROMPT, (below,))
+        top, config = soft_lib.teacher_top(teacher.params, CFG, below, d2t)
+        assert len(top["layers"]) == CFG.num_layers - 1 - below
+        ours = soft_lib.top_logits(top, config, jnp.asarray(features[:, 0]))
+        np.testing.assert_allclose(ours, logits[:, d2t], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="layer 3 is not one of the teacher's 3"):
+        soft_lib.teacher_top(teacher.params, CFG, 3, d2t)
+
+
+def test_soft_targets_are_the_teachers_renormalised_top_k_over_the_draft_vocabulary(teacher):
+    d2t = np.arange(0, 96, 2, dtype=np.int32)  # 48 draft ids
+    rows = greedy_rows(teacher, 3, 12)
+    layers = (0, 1)  # the highest tap (1) is the one used
+    features = np.stack([tapped(teacher, row, layers)[1] for row in rows]).astype(np.float16)
+    ids, probs = soft_lib.soft_targets(
+        features, teacher.params, CFG, layers, d2t, top_k=4, chunk=2
+    )  # chunk 2 of 3 rows: the last chunk is padded
+    assert ids.shape == probs.shape == (3, 12, 4)
+    for i, row in enumerate(rows):
+        logits = tapped(teacher, row, layers)[0][:, d2t].astype(np.float64)
+        law = np.exp(logits - logits.max(-1, keepdims=True))
+        law /= law.sum(-1, keepdims=True)
+        best = np.argsort(-law, axis=-1)[:, :4]
+        np.testing.assert_array_equal(ids[i], best)
+        kept = np.take_along_axis(law, best, axis=-1)
+        # float16 features: the teacher's law up to that rounding
+        np.testing.assert_allclose(probs[i], kept / kept.sum(-1, keepdims=True), atol=2e-3)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+    with pytest.raises(ValueError, match="top_k must be in"):
+        soft_lib.soft_targets(features, teacher.params, CFG, layers, d2t, top_k=49)
+    with pytest.raises(ValueError, match="features must be"):
+        soft_lib.soft_targets(features, teacher.params, CFG, (1,), d2t)
+
+
+def test_the_soft_loss_mixes_with_the_hard_one_as_documented(teacher):
+    vocab = DraftVocab(np.arange(48, dtype=np.int32) * 2, CFG.vocab_size, coverage=1.0)
+    config = DraftModelConfig.for_teacher(CFG, vocab.size, 1)
+    head = init_from_teacher(config, teacher.params, vocab.d2t)
+    batches = batches_of(greedy_rows(teacher, 2, 12), vocab.d2t, 12)
+    embed = teacher.params["embed"]
+    hard = train_lib.TrainConfig(seq_len=12)
+    tokens, targets = train_draft_model.train_arrays(batches, np.arange(2), 0, hard, config)
+    hard_loss, hard_acc = train_draft_model.loss(head, config, embed, (tokens, targets), hard)
+    nxt = np.concatenate([targets[:, 1:], np.full((2, 1), -1)], axis=1)
+    # One-hot soft targets on the hard ones: the soft loss is the hard loss.
+    one_hot_ids = np.zeros((2, 12, 3), np.int32)
+    one_hot_ids[..., 0] = np.maximum(nxt, 0)
+    one_hot = np.zeros((2, 12, 3), np.float32)
+    one_hot[..., 0] = 1.0
+    soft_only = train_lib.TrainConfig(seq_len=12, soft_weight=1.0)
+    loss, acc = train_draft_model.loss(
+        head, config, embed, (tokens, targets, one_hot_ids, one_hot), soft_only
+    )
+    np.testing.assert_allclose(loss, hard_loss, rtol=1e-6)
+    np.testing.assert_array_equal(acc, hard_acc)
+    # Any soft targets at weight 1/4: (3/4) hard + (1/4) soft, the soft term by hand.
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, vocab.size, size=(2, 12, 3)).astype(np.int32)
+    probs = rng.dirichlet(np.ones(3), size=(2, 12)).astype(np.float32)
+    mixed = train_lib.TrainConfig(seq_len=12, soft_weight=0.25)
+    loss, _ = train_draft_model.loss(head, config, embed, (tokens, targets, ids, probs), mixed)
+    logits = np.stack(
+        [np.asarray(train_draft_model.sequence_logits(head, config, embed, tk)) for tk in tokens]
+    ).astype(np.float64)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    valid = nxt >= 0
+    soft = -(probs * np.take_along_axis(logp, ids, -1)).sum(-1)[valid].sum() / valid.sum()
+    np.testing.assert_allclose(loss, 0.75 * hard_loss + 0.25 * soft, rtol=1e-5)
+    with pytest.raises(ValueError, match="needs batches with soft targets"):
+        train_draft_model.train_arrays(batches, np.arange(2), 0, mixed, config)
+    with pytest.raises(ValueError, match="soft_weight must be in"):
+        train_lib.TrainConfig(soft_weight=1.5)
+
+
+def test_training_on_soft_targets_moves_the_draft_toward_the_teachers_law(teacher, tmp_path):
+    vocab = DraftVocab(np.arange(48, dtype=np.int32) * 2, CFG.vocab_size, coverage=1.0)
+    config = DraftModelConfig.for_teacher(CFG, vocab.size, 1)
+    rows = greedy_rows(teacher, 8, 24)
+    layers = (1,)  # the draft reads no features: the targets come from a tap of their own
+    features = np.stack([tapped(teacher, row, layers)[1] for row in rows]).astype(np.float16)
+    ids, probs = soft_lib.soft_targets(features, teacher.params, CFG, layers, vocab.d2t)
+    batches = dataclasses.replace(batches_of(rows, vocab.d2t, 24), soft_ids=ids, soft_probs=probs)
+    cfg = train_lib.TrainConfig(
+        steps=30, batch_size=4, seq_len=24, learning_rate=1e-2, warmup_steps=2, soft_weight=1.0
+    )
+    _, losses = train_lib.train(
+        batches,
+        config,
+        vocab,
+        teacher.params["embed"],
+        cfg,
+        fingerprint="tiny",
+        checkpoint=tmp_path / "soft",
+        initial_head=init_from_teacher(config, teacher.params, vocab.d2t),
+        progress=False,
+    )
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses

@@ -20,6 +20,7 @@ from eaglepangu_jax.drafters.checkpoint import (
     save_checkpoint,
 )
 from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig, init_from_teacher
+from eaglepangu_jax.drafters.eagle3_head import default_feature_layers
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
 from eaglepangu_jax.training.train import KINDS, TrainConfig, make_batches, train
 
@@ -105,6 +106,22 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         help="draft-model: layers (started from the teacher's first ones)",
     )
     parser.add_argument(
+        "--soft-targets",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="draft-model: weight in (0, 1] of a soft-target loss, the teacher's top-K law of "
+        "each next token over the draft vocabulary (computed from the cached features), mixed "
+        "with the hard one as (1 - W) * hard + W * soft (default 0: hard targets only)",
+    )
+    parser.add_argument(
+        "--soft-top-k",
+        type=int,
+        default=8,
+        metavar="K",
+        help="draft-model with --soft-targets: teacher tokens kept per position (default 8)",
+    )
+    parser.add_argument(
         "--context-window",
         type=int,
         default=0,
@@ -138,6 +155,13 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(
             f"--row-overlap must be in [0, --seq-len={args.seq_len}), got {args.row_overlap}"
         )
+    if args.soft_targets:
+        if args.kind != "draft-model":
+            parser.error("--soft-targets trains a draft model: it needs --kind draft-model")
+        if not 0.0 < args.soft_targets <= 1.0:
+            parser.error(f"--soft-targets must be in (0, 1], got {args.soft_targets}")
+    if args.soft_top_k < 1:
+        parser.error(f"--soft-top-k must be >= 1, got {args.soft_top_k}")
     if args.holdout_shards < 0:
         parser.error(f"--holdout-shards must be >= 0, got {args.holdout_shards}")
     if args.train_shards is not None:
@@ -179,22 +203,27 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         head_cfg = DraftModelConfig.for_teacher(teacher_cfg, args.vocab_size, args.draft_layers)
     else:
         head_cfg = eagle3.Eagle3Config.for_teacher(teacher_cfg, args.vocab_size)
+    taps = head_cfg.feature_layers
+    if args.soft_targets:  # computed from EAGLE-3's taps: the feature cache it already made
+        taps = default_feature_layers(teacher_cfg.num_layers)
     if args.corpus is not None:
         shards, held = _corpus_shards(
             parser,
             teacher,
             args.corpus,
-            head_cfg.feature_layers,
+            taps,
             fingerprint,
             resolve_cache_dir() / "features",
             train_shards=args.train_shards,
         )
     else:
-        shards, held = _prompt_shards(parser, args, teacher, tok, head_cfg, fingerprint)
+        shards, held = _prompt_shards(parser, args, teacher, tok, taps, fingerprint)
     counts = token_counts((s.tokens for s in shards), teacher_cfg.vocab_size)
     vocab = build_vocab(counts, args.vocab_size, special_ids=(0, 1, 2))
     print(f"draft vocabulary: {vocab.size} tokens, coverage {vocab.coverage:.4f}")
     batches = make_batches(shards, vocab, args.seq_len, args.row_overlap)
+    if args.soft_targets:
+        batches = _with_soft_targets(batches, teacher, taps, vocab, args.soft_top_k)
     cfg = TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
@@ -206,6 +235,7 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         ttt_steps=args.ttt_steps,
         anchors=args.anchors,
         context_window=args.context_window,
+        soft_weight=args.soft_targets,
         seed=args.seed,
     )
     best: dict[str, Any] = {}
@@ -279,6 +309,8 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     }
     if started_from is not None:
         extra["init_from"] = started_from
+    if args.soft_targets:
+        extra["soft_top_k"] = args.soft_top_k
     if best:
         head = best["head"]
         extra.update(
@@ -308,7 +340,32 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     return 0
 
 
-def _prompt_shards(parser, args, teacher, tok, head_cfg, fingerprint):
+def _with_soft_targets(batches, teacher, feature_layers, vocab, top_k: int):
+    """``batches`` with the teacher's top-``top_k`` law at every position, computed from the
+    features, which are then dropped (the draft model reads tokens only)."""
+    from eaglepangu_jax.training.soft_targets import soft_targets
+
+    def report(done: int, total: int) -> None:
+        if done == total or done % 512 < 8:  # every 512 rows in chunks of 8
+            print(f"soft targets: {done}/{total} rows", flush=True)
+
+    t0 = time.time()
+    ids, probs = soft_targets(
+        batches.features,
+        teacher.params,
+        teacher.config,
+        feature_layers,
+        vocab.d2t,
+        top_k=top_k,
+        progress=report,
+    )
+    print(f"soft targets: top-{top_k} in {time.time() - t0:.0f} s")
+    n, t, _, h = batches.features.shape
+    none = np.zeros((n, t, 0, h), np.float16)
+    return dataclasses.replace(batches, features=none, soft_ids=ids, soft_probs=probs)
+
+
+def _prompt_shards(parser, args, teacher, tok, feature_layers, fingerprint):
     """Training and held-out shards answered from the template prompts (the legacy path)."""
     from eaglepangu_jax.models import chat
     from eaglepangu_jax.models.weights_cache import resolve_cache_dir
@@ -316,7 +373,7 @@ def _prompt_shards(parser, args, teacher, tok, head_cfg, fingerprint):
     from eaglepangu_jax.training.prompts import training_prompts
 
     settings = data_lib.DataSettings(
-        feature_layers=head_cfg.feature_layers,
+        feature_layers=tuple(feature_layers),
         max_new_tokens=args.max_new_tokens,
         shard_size=args.shard_size,
     )

@@ -49,6 +49,7 @@ __all__ = [
     "LAYER_KEYS",
     "forward",
     "forward_detached",
+    "forward_residual",
     "prepare_params",
     "is_prepared",
     "layer_params",
@@ -107,6 +108,35 @@ def forward(
         )
     logits, features = _outputs(params, x, taps, feature_layers, config)
     return logits, features, dataclasses.replace(cache, k=k_all, v=v_all)
+
+
+def forward_residual(
+    params: dict,
+    x: Float[Array, "T H"],
+    positions: Int[Array, " T"],
+    cache: KVCache,
+    mask: Bool[Array, "T W"],
+    *,
+    config: LlamaConfig,
+) -> tuple[Float[Array, "T V"], KVCache]:
+    """:func:`forward` from a residual stream instead of token ids: ``x`` enters the first of
+    ``params``'s layers. With the top layers of a teacher (``config.num_layers`` of them) and
+    ``x`` the features leaving the layer below them, the logits are the teacher's own (what
+    soft distillation targets are computed with, from cached features). ``params`` needs no
+    ``embed`` when it has an ``lm_head``."""
+    t = x.shape[0]
+    if x.ndim != 2 or x.shape[1] != config.hidden_size or positions.shape != (t,):
+        raise ValueError(
+            f"x must be [T, H={config.hidden_size}] and positions [T]; got {x.shape} and "
+            f"{positions.shape}"
+        )
+    if mask.shape[0] != t or mask.dtype != jnp.bool_:
+        raise ValueError(f"mask must be boolean [T={t}, W]; got {mask.dtype} {mask.shape}")
+    cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
+    run = _layers_unrolled if is_prepared(params) else _layers_scanned
+    x, k_all, v_all, _ = run(params, x, cache, cos, sin, mask, config, ())
+    logits, _ = _outputs(params, x, {}, (), config)
+    return logits, dataclasses.replace(cache, k=k_all, v=v_all)
 
 
 def _layers_unrolled(params, x, cache, cos, sin, mask, config, feature_layers):

@@ -78,6 +78,7 @@ class TrainConfig:
     ttt_steps: int = 3  # EAGLE-3: unrolled training-time-test steps
     anchors: int = 16  # block drafter: blocks (root positions) per sequence and step
     context_window: int = 0  # block drafter: half the blocks see only the last 1..N positions
+    soft_weight: float = 0.0  # draft model: weight of the soft-target loss (0: hard only)
     seed: int = 0
     checkpoint_every: int = 25
 
@@ -91,6 +92,8 @@ class TrainConfig:
             )
         if self.context_window < 0:
             raise ValueError(f"context_window must be >= 0, got {self.context_window}")
+        if not 0.0 <= self.soft_weight <= 1.0:
+            raise ValueError(f"soft_weight must be in [0, 1], got {self.soft_weight}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +105,10 @@ class Batches:
     features: np.ndarray  # [N, T, F, H] float16
     prompt_lens: np.ndarray  # [N] int32 leading non-target positions (prompt, or context)
     lengths: np.ndarray  # [N] int32 real tokens of each row (the rest is padding)
+    # Draft model with soft targets (training.soft_targets): the teacher's top-K draft ids
+    # of the next token at each position, and their renormalised probabilities.
+    soft_ids: np.ndarray | None = None  # [N, T, K] int32
+    soft_probs: np.ndarray | None = None  # [N, T, K] float32
 
 
 def row_starts(length: int, seq_len: int, row_overlap: int | None) -> list[int]:

@@ -4,7 +4,10 @@ The model (:class:`~eaglepangu_jax.drafters.draft_target_model.DraftModelConfig`
 Llama that reads tokens only. Loss: hard cross-entropy of its draft-vocabulary logits at
 position ``p`` against the token at ``p + 1`` wherever that token is an answer token inside the
 draft vocabulary (the corpus *is* the teacher's greedy answers, so this is the teacher's
-top-1). The loop, optimiser and checkpoints are :mod:`eaglepangu_jax.training.train`'s.
+top-1). With ``soft_weight = w > 0`` it is ``(1 - w) * hard + w * soft``, ``soft`` the
+cross-entropy against the teacher's renormalised top-K law at the same positions
+(:mod:`eaglepangu_jax.training.soft_targets`). The loop, optimiser and checkpoints are
+:mod:`eaglepangu_jax.training.train`'s.
 
 Held-out chains are exact offline: the draft reads nothing but tokens, so while its drafts are
 accepted it has read exactly the teacher-forced ones; a chain from root ``r`` is accepted up to
@@ -75,13 +78,24 @@ def _next_targets(targets: Int[Array, "... T"]) -> Int[Array, "... T"]:
 
 
 def train_arrays(batches, rows, step, cfg, config) -> tuple:
-    """A step's arrays: the rows' tokens and draft-id targets."""
-    return batches.tokens[rows], batches.targets[rows]
+    """A step's arrays: the rows' tokens and draft-id targets, and their soft targets when
+    the run weighs them."""
+    if cfg.soft_weight <= 0.0:
+        return batches.tokens[rows], batches.targets[rows]
+    if batches.soft_ids is None or batches.soft_probs is None:
+        raise ValueError(f"soft_weight {cfg.soft_weight} needs batches with soft targets")
+    return (
+        batches.tokens[rows],
+        batches.targets[rows],
+        batches.soft_ids[rows],
+        batches.soft_probs[rows],
+    )
 
 
 def loss(head, config, embed, arrays, cfg) -> tuple[Array, Array]:
-    """Mean next-token cross-entropy over trainable positions, and ``(top-1 accuracy,)``."""
-    tokens, targets = arrays
+    """Mean next-token cross-entropy over trainable positions (mixed with the soft-target
+    one, see the module docstring), and ``(top-1 accuracy,)``."""
+    tokens, targets, *soft = arrays
     logits = jax.vmap(lambda tk: sequence_logits(head, config, embed, tk))(tokens)
     nxt = _next_targets(targets)
     valid = nxt >= 0
@@ -89,6 +103,11 @@ def loss(head, config, embed, arrays, cfg) -> tuple[Array, Array]:
     picked = jnp.take_along_axis(logp, jnp.maximum(nxt, 0)[..., None], axis=-1)[..., 0]
     count = jnp.maximum(jnp.sum(valid), 1).astype(jnp.float32)
     nll = -jnp.sum(jnp.where(valid, picked, 0.0)) / count
+    if soft:
+        soft_ids, soft_probs = soft
+        cross = jnp.sum(soft_probs * jnp.take_along_axis(logp, soft_ids, axis=-1), axis=-1)
+        soft_nll = -jnp.sum(jnp.where(valid, cross, 0.0)) / count
+        nll = (1.0 - cfg.soft_weight) * nll + cfg.soft_weight * soft_nll
     hit = valid & (jnp.argmax(logits, axis=-1) == nxt)
     return nll, jnp.sum(hit)[None].astype(jnp.float32) / count
 
