@@ -133,14 +133,25 @@ def test_the_teacher_as_its_own_draft_model_accepts_every_chain_up_to_the_row_en
     assert report["chain_accepted_length"] == pytest.approx(1 + sum(expected))
 
 
-def train_tiny(teacher, tmp_path, steps, name):
+def train_tiny(teacher, tmp_path, steps, name, soft_weight=0.0):
+    """A one-layer draft trained on 12 greedy rows; with ``soft_weight`` also on the teacher's
+    soft targets (from its features leaving layer 1: the draft reads none of its own)."""
     rows = greedy_rows(teacher, 12, 24)
     vocab = DraftVocab(np.arange(48, dtype=np.int32) * 2, CFG.vocab_size, coverage=1.0)
     config = DraftModelConfig.for_teacher(CFG, vocab.size, 1)
     cfg = train_lib.TrainConfig(
-        steps=steps, batch_size=4, seq_len=24, learning_rate=1e-2, warmup_steps=2
+        steps=steps,
+        batch_size=4,
+        seq_len=24,
+        learning_rate=1e-2,
+        warmup_steps=2,
+        soft_weight=soft_weight,
     )
     batches = batches_of(rows, vocab.d2t, 24)
+    if soft_weight:
+        features = np.stack([tapped(teacher, row, (1,))[1] for row in rows]).astype(np.float16)
+        ids, probs = soft_lib.soft_targets(features, teacher.params, CFG, (1,), vocab.d2t)
+        batches = dataclasses.replace(batches, soft_ids=ids, soft_probs=probs)
     head, losses = train_lib.train(
         batches,
         config,
@@ -362,25 +373,5 @@ def test_the_soft_loss_mixes_with_the_hard_one_as_documented(teacher):
 
 
 def test_training_on_soft_targets_moves_the_draft_toward_the_teachers_law(teacher, tmp_path):
-    vocab = DraftVocab(np.arange(48, dtype=np.int32) * 2, CFG.vocab_size, coverage=1.0)
-    config = DraftModelConfig.for_teacher(CFG, vocab.size, 1)
-    rows = greedy_rows(teacher, 8, 24)
-    layers = (1,)  # the draft reads no features: the targets come from a tap of their own
-    features = np.stack([tapped(teacher, row, layers)[1] for row in rows]).astype(np.float16)
-    ids, probs = soft_lib.soft_targets(features, teacher.params, CFG, layers, vocab.d2t)
-    batches = dataclasses.replace(batches_of(rows, vocab.d2t, 24), soft_ids=ids, soft_probs=probs)
-    cfg = train_lib.TrainConfig(
-        steps=30, batch_size=4, seq_len=24, learning_rate=1e-2, warmup_steps=2, soft_weight=1.0
-    )
-    _, losses = train_lib.train(
-        batches,
-        config,
-        vocab,
-        teacher.params["embed"],
-        cfg,
-        fingerprint="tiny",
-        checkpoint=tmp_path / "soft",
-        initial_head=init_from_teacher(config, teacher.params, vocab.d2t),
-        progress=False,
-    )
+    _, _, _, losses = train_tiny(teacher, tmp_path, 30, "soft", soft_weight=1.0)
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses
