@@ -252,7 +252,7 @@ def test_it_is_registered_as_a_trained_drafter_and_a_method(teacher, tmp_path, m
     ngram = methods.make_method("ngram", SpecConfig(budget=8, depth=4), draft_top_k=2)
     assert default.drafter.top_k == shipped.top_k == 2 and one_chain.drafter.top_k == 1
     assert one_chain.drafter.lengths == (4,) and ngram.drafter is not None
-    assert one_chain.spec.budget == one_chain.drafter.budget == 4  # one chain of 4 fills 4
+    assert one_chain.spec.budget == one_chain.drafter.max_nodes == 4  # one chain of 4 fills 4
     assert (default.spec.depth, default.drafter.depth, default.drafter.budget) == (4, 4, 6)
     assert not default.drafter.sampling and default.draft_params is params
     assert (sampled.drafter.depth, sampled.drafter.budget) == (3, 5)

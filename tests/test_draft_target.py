@@ -28,6 +28,7 @@ from eaglepangu_jax.drafters.draft_target import (
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine import sampling
 from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.drafter import fit_budget, max_nodes_of
 from eaglepangu_jax.engine.step import StepStatic, catch_up, speculative_step
 from eaglepangu_jax.methods import registry as methods
 from eaglepangu_jax.models import llama
@@ -370,24 +371,57 @@ def test_make_method_builds_it_for_the_spec(teacher, monkeypatch):
     assert default.spec.depth == default.drafter.depth == draft_target.DEFAULT_DEPTH
     assert default.drafter.top_k == sampled.drafter.top_k == draft_target.DEFAULT_TOP_K
     assert three_chains.drafter.top_k == 3 and three_chains.drafter.lengths == (2, 2, 2)
-    # Two chains of 2 fill 4 of the 6 nodes: the budget (and the verified tree) shrinks to 4.
-    assert default.spec.budget == default.drafter.budget == 4 and not default.drafter.sampling
-    assert three_chains.spec.budget == three_chains.drafter.budget == 6
+    # Two chains of 2 fill 4 of the 6 nodes: the method's budget (the verified tree) is 4.
+    assert default.drafter.max_nodes == default.spec.budget == 4 and not default.drafter.sampling
+    assert three_chains.spec.budget == three_chains.drafter.max_nodes == 6
     assert (sampled.drafter.depth, sampled.drafter.budget) == (3, 5)
     assert (sampled.drafter.temperature, sampled.drafter.top_p) == (0.7, 0.9)
     assert sampled.draft_params is params
 
 
-def test_a_budget_the_chains_cannot_fill_changes_no_token(teacher, plain):
-    """``make_method`` lowers the budget to ``depth * top_k``; the padding it drops was never
-    valid, so the run emits the same tokens and accepts the same nodes, on a 5-slot tree
-    instead of a 9-slot one."""
+def test_the_engine_verifies_only_the_nodes_the_chains_hold(teacher, plain):
+    """One chain of 4 under a budget of 8, built by hand: the tree has 5 slots, the engine
+    lowers the run's budget to 4 (``fit_budget``) and verifies 5 slots, not 9, with the same
+    tokens and acceptance as a run built at budget 4."""
     drafter, params = drafter_for(teacher, 2, top_k=1, budget=8, depth=4)
+    assert drafter.max_nodes == 4
+    spec = dataclasses.replace(spec_of(drafter), policy="drafter")  # budget 8
+    assert fit_budget(spec, drafter).budget == 4
+    assert StepStatic(teacher=CFG, drafter=drafter, spec=spec, window=64).tree_slots == 5
+    state = gen.init_state(
+        teacher, drafter, params, PROMPT, spec, capacity=64, key=jax.random.key(0)
+    )
+    proposal = drafter.propose(
+        params, state.drafter_state, state.context(spec.draft_window), jax.random.key(0)
+    )
+    assert proposal.tree.num_slots == 5 and bool(jnp.all(proposal.tree.valid))
     runs = {}
     for budget in (8, 4):
         d = dataclasses.replace(drafter, budget=budget)
-        spec = dataclasses.replace(spec_of(d), policy="drafter")
-        runs[budget] = gen.generate(teacher, d, PROMPT, spec, draft_params=params)
+        run_spec = dataclasses.replace(spec, budget=budget)
+        runs[budget] = gen.generate(teacher, d, PROMPT, run_spec, draft_params=params)
     assert runs[8].tokens == runs[4].tokens == plain.tokens
     assert runs[8].stats.accepted_per_round == runs[4].stats.accepted_per_round
-    assert max(runs[4].stats.nodes_per_round) == 4
+    assert max(runs[8].stats.nodes_per_round) == 4
+
+
+def test_a_curve_for_the_run_budget_serves_the_fitted_tree(teacher, plain):
+    """Under ``"auto"`` a latency curve made for the run's budget (9 entries) is cut to the
+    fitted tree's 5 slots; the controller picks from it and the output stays plain greedy's."""
+    drafter, params = drafter_for(teacher, 2, top_k=1, budget=8, depth=4)
+    spec = spec_of(drafter, policy="auto")
+    curve = gen.nominal_verify_latency(CFG, spec, len(PROMPT))
+    assert curve.shape == (9,)
+    result = gen.generate(teacher, drafter, PROMPT, spec, draft_params=params, verify_latency=curve)
+    assert result.tokens == plain.tokens
+    assert max(result.stats.nodes_per_round) <= 4
+
+
+def test_fit_budget_lowers_only_to_a_declared_limit(teacher):
+    drafter, _ = drafter_for(teacher, 2, top_k=2, budget=8, depth=3)  # chains (3, 3)
+    assert fit_budget(SpecConfig(budget=8), drafter).budget == 6
+    assert fit_budget(SpecConfig(budget=5), drafter).budget == 5  # the run's is lower
+    assert fit_budget(SpecConfig(budget=8), None).budget == 8  # plain decoding
+    ngram = registry.make_drafter("ngram", budget=8, depth=4)
+    assert max_nodes_of(ngram) is None
+    assert fit_budget(SpecConfig(budget=8), ngram).budget == 8

@@ -28,7 +28,8 @@ recomputing the window each round would cost a prefill per round.
 
 **The tree** (SpecInfer-style, kept simple): ``top_k`` chains hang off the root, filled in
 rank order up to ``budget`` nodes (chain ``i`` gets ``min(depth, nodes left)``), each chain's
-nodes in consecutive slots. Example, ``depth = 3``, ``top_k = 2``, ``budget = 5``::
+nodes in consecutive slots, and no padding slot: the tree has :attr:`~DraftTargetDrafter.max_nodes`
+``+ 1`` slots. Example, ``depth = 3``, ``top_k = 2``, ``budget = 5``::
 
     slot    0  1  2  3  4  5
     parent  0  0  1  2  0  4        chain 0: slots 1-3, chain 1 (the second child): 4-5
@@ -170,10 +171,9 @@ def _chain_mask(
 _prefill = jax.jit(prefill, static_argnames=("config", "num_slots"))
 
 
-def _slots(root: Array, nodes: Array, fill: Any, budget: int) -> Array:
-    """``[budget + 1]`` slot values: the root's, the chains' nodes', then ``fill`` padding."""
-    pad = jnp.full((budget - nodes.shape[0],), fill, nodes.dtype)
-    return jnp.concatenate([root[None].astype(nodes.dtype), nodes, pad])
+def _slots(root: Array, nodes: Array) -> Array:
+    """``[max_nodes + 1]`` slot values: the root's, then the chains' nodes'."""
+    return jnp.concatenate([root[None].astype(nodes.dtype), nodes])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -183,7 +183,10 @@ class DraftTargetDrafter:
     Attributes:
       config: the draft model's shape.
       teacher_config: the teacher's; its vocabulary (and bos / eos ids) must be the draft's.
-      budget: tree nodes per round, root excluded (the tree has ``budget + 1`` slots).
+      budget: most tree nodes per round, root excluded. The chains fill at most
+        ``depth * top_k`` of them: the tree has :attr:`max_nodes` ``+ 1`` slots, and the
+        engine lowers a larger run budget to it
+        (:func:`~eaglepangu_jax.engine.drafter.fit_budget`).
       depth: chain length ``D``, the tree's maximum depth.
       top_k: children of the root, each grown into a chain (1: a plain chain).
       temperature: 0 drafts greedily (argmax, no ``draft_probs``); > 0 samples the children
@@ -288,6 +291,11 @@ class DraftTargetDrafter:
         """The chains' node counts (:func:`chain_lengths`)."""
         return chain_lengths(self.budget, self.depth, self.top_k)
 
+    @property
+    def max_nodes(self) -> int:
+        """Nodes of every tree it proposes, root excluded: ``min(budget, depth * top_k)``."""
+        return sum(self.lengths)
+
     def _law(self, logits: Float[Array, "... V"]) -> Float[Array, "... V"]:
         """The draft distribution ``q`` children are sampled from."""
         return verify.adjusted_probs(logits, self.temperature, self.top_p)
@@ -356,20 +364,18 @@ class DraftTargetDrafter:
     def _tree(
         self, root: Int[Array, ""], tokens: Int[Array, "D K"], scores: Float[Array, "D K"]
     ) -> tree_lib.Tree:
-        """The chains as a tree of ``budget + 1`` slots; a node whose log-probability is not
-        finite (a NaN row, a ``q = 0`` draw) is padding, and so is its chain below it."""
+        """The chains as a tree of ``max_nodes + 1`` slots; a node whose log-probability is
+        not finite (a NaN row, a ``q = 0`` draw) is padding, and so is its chain below it."""
         chain, level, parents = tree_layout(self.lengths)
         ok = jnp.cumsum(~jnp.isfinite(scores), axis=0) == 0  # every ancestor finite
         logscore = jnp.cumsum(jnp.where(ok, scores, 0.0), axis=0)
-        valid = _slots(jnp.bool_(True), ok[level - 1, chain], False, self.budget)
+        valid = _slots(jnp.bool_(True), ok[level - 1, chain])
         return tree_lib.from_parents(
-            jnp.where(valid, _slots(jnp.int32(0), jnp.asarray(parents[1:]), 0, self.budget), 0),
-            tokens=_slots(root.astype(jnp.int32), tokens[level - 1, chain], 0, self.budget),
+            jnp.where(valid, jnp.asarray(parents), 0),
+            tokens=_slots(root.astype(jnp.int32), tokens[level - 1, chain]),
             valid=valid,
             logscore=jnp.where(
-                valid,
-                _slots(jnp.float32(0.0), logscore[level - 1, chain], -jnp.inf, self.budget),
-                -jnp.inf,
+                valid, _slots(jnp.float32(0.0), logscore[level - 1, chain]), -jnp.inf
             ),
             max_depth=self.depth,
         )
@@ -377,15 +383,13 @@ class DraftTargetDrafter:
     def _draft_probs(
         self, q0: Float[Array, " V"], probs: Float[Array, "D-1 K V"] | None
     ) -> Float[Array, "N V"]:
-        """Row ``u``: the ``q`` that ``u``'s children were drawn from (zeros for leaves and
-        padding, which have none)."""
+        """Row ``u``: the ``q`` that ``u``'s children were drawn from (zeros for leaves,
+        which have none)."""
         chain, level, _ = tree_layout(self.lengths)
         width, vocab = len(self.lengths), q0.shape[0]
         last = jnp.zeros((1, width, vocab), jnp.float32)  # the deepest level has no children
         per_level = last if probs is None else jnp.concatenate([probs, last])
-        rows = per_level[level - 1, chain]
-        pad = jnp.zeros((self.budget - chain.shape[0], vocab), jnp.float32)
-        return jnp.concatenate([q0[None], rows, pad])
+        return jnp.concatenate([q0[None], per_level[level - 1, chain]])
 
 
 def load_draft_target(

@@ -5,7 +5,8 @@
 * :class:`Teacher`: a model config plus its prepared parameters.
 * :func:`generate`, :func:`generate_batch`, :func:`sample_many`: decoding entry points;
   :func:`greedy_batch`: plain greedy decoding of many prompts at once (the corpus path).
-* :class:`Drafter`, :class:`DraftContext`, :class:`Proposal`: the drafter protocol.
+* :class:`Drafter`, :class:`DraftContext`, :class:`Proposal`: the drafter protocol;
+  :func:`fit_budget`: a run's budget lowered to the nodes its drafter's trees can hold.
 * :class:`CostCorrection`: the controller's latency curve corrected from measured times.
 """
 
@@ -19,7 +20,7 @@ from eaglepangu_jax.engine.decode import (
     generate_batch,
     result_from_state,
 )
-from eaglepangu_jax.engine.drafter import DraftContext, Drafter, Proposal
+from eaglepangu_jax.engine.drafter import DraftContext, Drafter, Proposal, fit_budget
 from eaglepangu_jax.engine.plain_batch import greedy_batch
 from eaglepangu_jax.engine.sampling import sample_many
 from eaglepangu_jax.engine.state import DecodeState
@@ -35,6 +36,7 @@ __all__ = [
     "Proposal",
     "SpecConfig",
     "Teacher",
+    "fit_budget",
     "generate",
     "generate_batch",
     "greedy_batch",

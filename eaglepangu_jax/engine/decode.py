@@ -24,6 +24,7 @@ from eaglepangu_jax import draft_control, mode
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.costs import CostCorrection, segment_costs
+from eaglepangu_jax.engine.drafter import fit_budget, fit_curve
 from eaglepangu_jax.engine.result import (
     GenerationResult,
     GenerationStats,
@@ -485,6 +486,8 @@ def generate(
       The new tokens (cut after eos and at ``max_new_tokens``) and statistics. The
       accepted length counts verify rounds, the bonus token included.
     """
+    spec = fit_budget(spec, drafter)
+    verify_latency = fit_curve(verify_latency, spec)
     validate(teacher, drafter, prompt_ids, spec)
     eos_id = eos_id_of(teacher, spec)
     capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
@@ -540,6 +543,8 @@ def generate_batch(
     Timings are for the whole batch."""
     if not prompts:
         raise ValueError("no prompts given")
+    spec = fit_budget(spec, drafter)
+    verify_latency = fit_curve(verify_latency, spec)
     for p in prompts:
         validate(teacher, drafter, p, spec)
     drafter, draft_params = drafter_to_run(

@@ -21,9 +21,19 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.tree import Tree
 
-__all__ = ["DraftContext", "Proposal", "Drafter", "StatelessDrafter", "FeatureHeadDrafter"]
+__all__ = [
+    "DraftContext",
+    "Proposal",
+    "Drafter",
+    "StatelessDrafter",
+    "FeatureHeadDrafter",
+    "max_nodes_of",
+    "fit_budget",
+    "fit_curve",
+]
 
 
 @jax.tree_util.register_dataclass
@@ -71,6 +81,11 @@ class Drafter(Protocol):
     def feature_layers(self) -> tuple[int, ...]:
         """Teacher layers whose hidden states it consumes (empty if none)."""
 
+    # Optional: ``max_nodes``, the most nodes (root excluded) any of its trees can hold, for
+    # drafters whose proposals cannot fill an arbitrary budget (``top_k`` chains of ``depth``
+    # hold ``depth * top_k``). Such a drafter's tree has ``max_nodes + 1`` slots and the engine
+    # verifies no more (:func:`fit_budget`). Drafters without it fill the run's budget.
+
     def init_state(self, params: Any, context: DraftContext) -> Any:
         """Per-sequence state after the prompt was prefilled."""
 
@@ -111,3 +126,32 @@ class FeatureHeadDrafter:
     @property
     def feature_layers(self) -> tuple[int, ...]:
         return self.config.feature_layers  # type: ignore[attr-defined]
+
+
+def max_nodes_of(drafter: Any) -> int | None:
+    """The drafter's ``max_nodes`` (see :class:`Drafter`), ``None`` when it fills any budget."""
+    return None if drafter is None else getattr(drafter, "max_nodes", None)
+
+
+def fit_budget(spec: SpecConfig, drafter: Any) -> SpecConfig:
+    """``spec`` with its budget lowered to the nodes ``drafter``'s trees can hold.
+
+    A larger budget only pads the tree, and the verify forward runs on the smallest slot
+    bucket of ``budget + 1`` that holds the nodes: one chain of 4 under a budget of 8 was
+    verified at 9 slots instead of 5 (on this project's 2-core CPU a 9-slot forward costs
+    about 1.2x a 5-slot one). Tokens do not change: the padding was never valid. Every
+    engine entry point applies it, so a drafter built by hand gets it too."""
+    limit = max_nodes_of(drafter)
+    if limit is None or spec.budget <= limit:
+        return spec
+    return dataclasses.replace(spec, budget=limit)
+
+
+def fit_curve(verify_latency: Any, spec: SpecConfig) -> Any:
+    """A ``[M]`` verify-latency curve cut to its ``[spec.budget + 1]`` first entries (entry
+    ``n`` verifies the root plus ``n`` nodes): a curve made for the budget that
+    :func:`fit_budget` lowered serves the fitted one. ``None`` stays ``None``; a shorter
+    curve is left for the controller to refuse."""
+    if verify_latency is None:
+        return None
+    return verify_latency[: spec.budget + 1]

@@ -31,7 +31,7 @@ from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.engine import policies
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.drafter import Proposal
+from eaglepangu_jax.engine.drafter import Proposal, fit_budget, fit_curve
 from eaglepangu_jax.engine.state import DecodeState
 from eaglepangu_jax.engine.verification import (
     accept,
@@ -90,8 +90,9 @@ class StepStatic:
 
     def __post_init__(self):
         # Only what shapes the computation stays in the static key: the run's values are in
-        # the state (see DecodeState), so new values reuse the compiled loop.
-        object.__setattr__(self, "spec", static_spec(self.spec))
+        # the state (see DecodeState), so new values reuse the compiled loop. The budget is
+        # the drafter's node limit at most (``fit_budget``), whoever built the static.
+        object.__setattr__(self, "spec", static_spec(fit_budget(self.spec, self.drafter)))
 
     @property
     def controlled(self) -> bool:
@@ -508,7 +509,9 @@ def speculative_step(
     verify_latency: Float[Array, " N"] | None = None,
     draft_seconds: Float[Array, ""] | float = 0.0,
 ) -> tuple[DecodeState, RoundInfo]:
-    """One round. The caller skips finished sequences (the loops below do)."""
+    """One round. The caller skips finished sequences (the loops below do). A latency curve
+    made for a budget above the static's fitted one is cut to it (:func:`fit_curve`)."""
+    verify_latency = fit_curve(verify_latency, static.spec)
     key, draft_key, accept_key = jax.random.split(state.key, 3)
     tree, n_nodes, proposal, drafted, state = plan_round(
         static, draft_params, state, draft_key, verify_latency, draft_seconds

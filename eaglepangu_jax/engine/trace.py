@@ -36,6 +36,7 @@ from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.config import SpecConfig
+from eaglepangu_jax.engine.drafter import fit_budget, fit_curve
 from eaglepangu_jax.engine.state import DecodeState
 from eaglepangu_jax.engine.step import (
     StepStatic,
@@ -191,6 +192,7 @@ def generate_traced(
     """
     if (roofline is None) != (calibration is None):
         raise ValueError("give both roofline and calibration to predict verify times, or neither")
+    spec = fit_budget(spec, drafter)
     gen.validate(teacher, drafter, prompt_ids, spec)
     if not Path(trace_path).parent.is_dir():
         raise ValueError(f"cannot write the trace {trace_path}: its folder does not exist")
@@ -199,7 +201,7 @@ def generate_traced(
     if drafter is not None and spec.policy == "auto" and verify_latency is None:
         verify_latency = gen.nominal_verify_latency(teacher.config, spec, len(prompt_ids) - 1)
     if verify_latency is not None:
-        verify_latency = jnp.asarray(verify_latency, jnp.float32)
+        verify_latency = jnp.asarray(fit_curve(verify_latency, spec), jnp.float32)
     records: list[dict[str, Any]] = []
     kept = math.inf  # output length, known once generation ends
     try:

@@ -28,6 +28,7 @@ from eaglepangu_jax.drafters.registry import (
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.costs import CostCorrection
 from eaglepangu_jax.engine.decode import GenerationResult
+from eaglepangu_jax.engine.drafter import fit_budget
 from eaglepangu_jax.methods import peers
 
 __all__ = [
@@ -226,26 +227,9 @@ def make_method(
             )
         spec = dataclasses.replace(spec, depth=drafter.max_depth)
         drafter = configure_drafter(drafter, budget=spec.budget, depth=spec.depth)
-    if name in (DRAFT_TARGET, DRAFT_DISTILLED):
-        spec, drafter = _fit_chain_budget(spec, drafter)
-    return Method(name=name, spec=spec, drafter=drafter, draft_params=params)
-
-
-def _fit_chain_budget(spec: SpecConfig, drafter: Any) -> tuple[SpecConfig, Any]:
-    """Lower the budget to the nodes the draft-target drafter's chains can fill.
-
-    ``top_k`` chains of ``depth`` hold at most ``depth * top_k`` nodes. A larger budget only
-    widens the tree with padding, and the verify forward runs on the smallest slot bucket of
-    ``budget + 1`` that holds the nodes: one chain of 4 under the default budget of 8 was
-    verified at 9 slots instead of 5 (on this project's 2-core CPU a 9-slot forward costs
-    about 1.2x a 5-slot one). The tokens are unchanged: the padding was never valid."""
-    nodes = sum(draft_target.chain_lengths(spec.budget, spec.depth, drafter.top_k))
-    if nodes >= spec.budget:
-        return spec, drafter
-    return (
-        dataclasses.replace(spec, budget=nodes),
-        dataclasses.replace(drafter, budget=nodes),
-    )
+    # The engine verifies no more nodes than the drafter's trees hold; the method's spec
+    # records the budget that really runs.
+    return Method(name=name, spec=fit_budget(spec, drafter), drafter=drafter, draft_params=params)
 
 
 def _peer_method(name: str, spec: SpecConfig, torch_threads: int | None) -> Method:
