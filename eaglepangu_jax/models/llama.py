@@ -95,19 +95,16 @@ def forward(
         ``(logits [T, V] float32, features [T, F, H] in the parameter dtype, cache)`` with the
         new K/V written and ``length`` unchanged.
     """
-    _check_shapes(params, tokens, positions, cache, mask, config, feature_layers)
-    cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
-    x = params["embed"][tokens]
-    if is_prepared(params):
-        x, k_all, v_all, taps = _layers_unrolled(
-            params, x, cache, cos, sin, mask, config, feature_layers
-        )
-    else:
-        x, k_all, v_all, taps = _layers_scanned(
-            params, x, cache, cos, sin, mask, config, feature_layers
-        )
-    logits, features = _outputs(params, x, taps, feature_layers, config)
-    return logits, features, dataclasses.replace(cache, k=k_all, v=v_all)
+    _check_tokens(params, tokens, config)
+    return forward_residual(
+        params,
+        params["embed"][tokens],
+        positions,
+        cache,
+        mask,
+        config=config,
+        feature_layers=feature_layers,
+    )
 
 
 def forward_residual(
@@ -118,25 +115,20 @@ def forward_residual(
     mask: Bool[Array, "T W"],
     *,
     config: LlamaConfig,
-) -> tuple[Float[Array, "T V"], KVCache]:
+    feature_layers: tuple[int, ...] = (),
+) -> tuple[Float[Array, "T V"], Float[Array, "T F H"], KVCache]:
     """:func:`forward` from a residual stream instead of token ids: ``x`` enters the first of
-    ``params``'s layers. With the top layers of a teacher (``config.num_layers`` of them) and
-    ``x`` the features leaving the layer below them, the logits are the teacher's own (what
-    soft distillation targets are computed with, from cached features). ``params`` needs no
-    ``embed`` when it has an ``lm_head``."""
-    t = x.shape[0]
-    if x.ndim != 2 or x.shape[1] != config.hidden_size or positions.shape != (t,):
-        raise ValueError(
-            f"x must be [T, H={config.hidden_size}] and positions [T]; got {x.shape} and "
-            f"{positions.shape}"
-        )
-    if mask.shape[0] != t or mask.dtype != jnp.bool_:
-        raise ValueError(f"mask must be boolean [T={t}, W]; got {mask.dtype} {mask.shape}")
+    ``params``'s layers (:func:`forward` is the embedding lookup followed by this). With the
+    top layers of a teacher (``config.num_layers`` of them) and ``x`` the features leaving the
+    layer below them, the logits are the teacher's own (what soft distillation targets are
+    computed with, from cached features). ``params`` needs no ``embed`` when it has an
+    ``lm_head``. Arguments and results as for :func:`forward`."""
+    _check_shapes(x, positions, cache, mask, config, feature_layers)
     cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
     run = _layers_unrolled if is_prepared(params) else _layers_scanned
-    x, k_all, v_all, _ = run(params, x, cache, cos, sin, mask, config, ())
-    logits, _ = _outputs(params, x, {}, (), config)
-    return logits, dataclasses.replace(cache, k=k_all, v=v_all)
+    x, k_all, v_all, taps = run(params, x, cache, cos, sin, mask, config, feature_layers)
+    logits, features = _outputs(params, x, taps, feature_layers, config)
+    return logits, features, dataclasses.replace(cache, k=k_all, v=v_all)
 
 
 def _layers_unrolled(params, x, cache, cos, sin, mask, config, feature_layers):
@@ -210,9 +202,10 @@ def forward_detached(
     t = tokens.shape[0]
     if self_mask.shape != (t, t) or self_mask.dtype != jnp.bool_:
         raise ValueError(f"self_mask must be boolean [T, T] = [{t}, {t}]; got {self_mask.shape}")
-    _check_shapes(params, tokens, positions, cache, prefix_mask, config, feature_layers)
-    cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
+    _check_tokens(params, tokens, config)
     x = params["embed"][tokens]
+    _check_shapes(x, positions, cache, prefix_mask, config, feature_layers)
+    cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
     window = prefix_mask.shape[1]
     mask = jnp.concatenate([prefix_mask, self_mask], axis=1)
 
@@ -409,13 +402,24 @@ def _lm_head(h: Float[Array, "T H"], params: dict) -> Float[Array, "T K"]:
     return logits.astype(jnp.float32)
 
 
-def _check_shapes(params, tokens, positions, cache, mask, config, feature_layers):
-    """Trace-time shape checks whose messages name the offending argument."""
-    t = tokens.shape[0] if tokens.ndim == 1 else -1
-    if tokens.ndim != 1 or t < 1 or positions.shape != (t,):
+def _check_tokens(params, tokens, config):
+    """Trace-time checks of what only :func:`forward` takes: ids and the embedding."""
+    if tokens.ndim != 1 or tokens.shape[0] < 1:
+        raise ValueError(f"tokens must be [T] with T >= 1; got {tokens.shape}")
+    if params["embed"].shape != (config.vocab_size, config.hidden_size):
         raise ValueError(
-            f"tokens and positions must be [T] with T >= 1; got {tokens.shape} "
-            f"and {positions.shape}"
+            f"embed must be [V, H] = {(config.vocab_size, config.hidden_size)}; "
+            f"got {params['embed'].shape}"
+        )
+
+
+def _check_shapes(x, positions, cache, mask, config, feature_layers):
+    """Trace-time shape checks whose messages name the offending argument."""
+    t = x.shape[0] if x.ndim == 2 else -1
+    if x.ndim != 2 or t < 1 or x.shape[1] != config.hidden_size or positions.shape != (t,):
+        raise ValueError(
+            f"the residual stream must be [T, H={config.hidden_size}] with T >= 1 and "
+            f"positions [T]; got {x.shape} and {positions.shape}"
         )
     expected = (config.num_layers, cache.k.shape[1], config.num_kv_heads, config.head_dim)
     if cache.k.shape != expected or cache.v.shape != expected:
@@ -428,11 +432,6 @@ def _check_shapes(params, tokens, positions, cache, mask, config, feature_layers
         )
     if mask.dtype != jnp.bool_:
         raise ValueError(f"mask must be boolean (True = may attend), got {mask.dtype}")
-    if params["embed"].shape != (config.vocab_size, config.hidden_size):
-        raise ValueError(
-            f"embed must be [V, H] = {(config.vocab_size, config.hidden_size)}; "
-            f"got {params['embed'].shape}"
-        )
     bad = [i for i in feature_layers if not 0 <= i < config.num_layers]
     if bad:
         raise ValueError(f"feature_layers {bad} out of range [0, {config.num_layers})")

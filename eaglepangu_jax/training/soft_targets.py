@@ -64,7 +64,7 @@ def top_logits(
     t = x.shape[0]
     kv = cache_lib.init(config.num_layers, t, config.num_kv_heads, config.head_dim, jnp.float32)
     positions = jnp.arange(t, dtype=jnp.int32)
-    logits, _ = llama.forward_residual(
+    logits, _, _ = llama.forward_residual(
         top, x, positions, kv, mask_lib.causal_mask(t, jnp.int32(0), t), config=config
     )
     return logits
