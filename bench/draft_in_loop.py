@@ -18,6 +18,7 @@ JSON (``--json``) and prints a table. Example::
 
     PYTHONPATH=. python3 bench/draft_in_loop.py --methods eagle3,block,draft-distilled \\
         --repeats 5 --json draft_in_loop.json
+    PYTHONPATH=. python3 bench/draft_in_loop.py --methods eagle3,eagle3:4 --json depth.json
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ def _bucket(nodes: int, slots: int) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default="eagle3,block,draft-distilled")
+    p.add_argument(
+        "--methods",
+        default="eagle3,block,draft-distilled",
+        help="comma-separated; NAME:D runs NAME at tree depth D (e.g. eagle3,eagle3:4)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--verify-calls", type=int, default=6, help="verify timings per repeat")
@@ -68,9 +73,15 @@ def main() -> int:
     prompt = renderer.encode([{"role": "user", "content": PROMPT}])
     base = SpecConfig(max_new_tokens=args.max_new_tokens)
     methods = {}
-    for name in args.methods.split(","):
+    for entry in args.methods.split(","):
+        # "eagle3:4": the method at tree depth 4 (default: its own default depth).
+        name, _, depth = entry.partition(":")
         spec = dataclasses.replace(base, policy=POLICIES.get(name, "best_first"))
-        methods[name] = make_method(name, spec, default_depth=True)
+        if depth:
+            spec = dataclasses.replace(spec, depth=int(depth))
+        methods[entry] = dataclasses.replace(
+            make_method(name, spec, default_depth=not depth), name=entry
+        )
     need = max(m.spec.budget + 1 for m in methods.values())
     capacity = gen.cache_slots(len(prompt), base, teacher.config.max_position)
     first = gen.window_for(len(prompt) + need, capacity)
