@@ -24,7 +24,7 @@ from eaglepangu_jax import draft_control, mode
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.costs import CostCorrection, segment_costs
-from eaglepangu_jax.engine.drafter import fit_budget, fit_curve
+from eaglepangu_jax.engine.drafter import fit_budget
 from eaglepangu_jax.engine.result import (
     GenerationResult,
     GenerationStats,
@@ -487,7 +487,6 @@ def generate(
       accepted length counts verify rounds, the bonus token included.
     """
     spec = fit_budget(spec, drafter)
-    verify_latency = fit_curve(verify_latency, spec)
     validate(teacher, drafter, prompt_ids, spec)
     eos_id = eos_id_of(teacher, spec)
     capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
@@ -544,7 +543,6 @@ def generate_batch(
     if not prompts:
         raise ValueError("no prompts given")
     spec = fit_budget(spec, drafter)
-    verify_latency = fit_curve(verify_latency, spec)
     for p in prompts:
         validate(teacher, drafter, p, spec)
     drafter, draft_params = drafter_to_run(

@@ -20,7 +20,7 @@ from eaglepangu_jax.engine.decode import (
     init_state,
     validate,
 )
-from eaglepangu_jax.engine.drafter import fit_budget, fit_curve
+from eaglepangu_jax.engine.drafter import fit_budget
 from eaglepangu_jax.engine.result import finish_tokens
 
 __all__ = ["SAMPLE_CHUNK", "sample_many"]
@@ -56,7 +56,6 @@ def sample_many(
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     spec = fit_budget(spec, drafter)
-    verify_latency = fit_curve(verify_latency, spec)
     validate(teacher, drafter, prompt_ids, spec)
     drafter, draft_params = drafter_to_run(
         drafter, draft_params, spec, verify_latency, draft_seconds
