@@ -36,7 +36,7 @@ from eaglepangu_jax.engine import SpecConfig, generate
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.verification import slot_buckets
 from eaglepangu_jax.files import write_json_atomic
-from eaglepangu_jax.methods.registry import make_method
+from eaglepangu_jax.methods.registry import make_method, split_method
 
 # Long enough that the whole run (prompt + new tokens + one tree) stays in one 256-slot
 # attention window, so one verify timing per bucket describes every round.
@@ -75,13 +75,9 @@ def main() -> int:
     methods = {}
     for entry in args.methods.split(","):
         # "eagle3:4": the method at tree depth 4 (default: its own default depth).
-        name, _, depth = entry.partition(":")
+        name, _ = split_method(entry)
         spec = dataclasses.replace(base, policy=POLICIES.get(name, "best_first"))
-        if depth:
-            spec = dataclasses.replace(spec, depth=int(depth))
-        methods[entry] = dataclasses.replace(
-            make_method(name, spec, default_depth=not depth), name=entry
-        )
+        methods[entry] = make_method(entry, spec, default_depth=True)
     need = max(m.spec.budget + 1 for m in methods.values())
     capacity = gen.cache_slots(len(prompt), base, teacher.config.max_position)
     first = gen.window_for(len(prompt) + need, capacity)

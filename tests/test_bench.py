@@ -10,6 +10,7 @@ import pytest
 
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.cache import KVCache
+from eaglepangu_jax.calibration import curve
 from eaglepangu_jax.drafters import registry as drafter_registry
 from eaglepangu_jax.drafters.ngram import NGramDrafter
 from eaglepangu_jax.engine import decode as gen
@@ -262,6 +263,7 @@ def test_summary_skips_missing_speedups():
         ("ngram", ("greedy", "ngram")),
         ("ngram, greedy", ("greedy", "ngram")),
         (["eagle3", "greedy"], ("greedy", "eagle3")),
+        ("eagle3:4,eagle3:6,eagle3", ("greedy", "eagle3:4", "eagle3:6", "eagle3")),
     ],
 )
 def test_parse_methods(text, expected):
@@ -274,6 +276,14 @@ def test_parse_methods(text, expected):
         ("greedy,beam", "unknown method"),
         ("ngram,ngram", "more than once"),
         (" , ", "no methods"),
+        ("eagle3:4,eagle3:4", "more than once"),
+        ("beam:4", "unknown method"),
+        ("eagle3:0", "positive integer"),
+        ("eagle3:x", "positive integer"),
+        ("eagle3:", "positive integer"),
+        ("greedy:4", "no tree depth"),
+        ("mtp:2", "no tree depth"),
+        ("transformers-pld:3", "no tree depth"),
     ],
 )
 def test_parse_methods_rejects(text, match):
@@ -308,6 +318,40 @@ def test_make_method_depth_against_drafter_maximum():
     # A shipped drafter keeps its own depth when the user chose none.
     own = methods_lib.make_method("eagle3", deep, default_depth=True, eagle3_loader=loader)
     assert own.spec.depth == 4 and own.drafter.depth == 4 and own.drafter.budget == 6
+
+
+def test_a_method_entry_sets_its_depth_and_keeps_its_name():
+    def loader():
+        return NGramDrafter(depth=6, budget=16, max_ngram=2), None
+
+    spec = SpecConfig(budget=6, depth=6)
+    # The entry's depth wins over the run's, and over a shipped drafter's own default.
+    for default in (False, True):
+        shallow = methods_lib.make_method(
+            "eagle3:3", spec, default_depth=default, eagle3_loader=loader
+        )
+        assert shallow.name == "eagle3:3"
+        assert shallow.spec.depth == 3 and shallow.drafter.depth == 3
+    plain = methods_lib.make_method("eagle3", spec, eagle3_loader=loader)
+    assert plain.name == "eagle3" and plain.spec.depth == 6
+    # Both depths keep their own drafting-cost key, named by the drafter.
+    keys = {curve.draft_cost_key(m) for m in (shallow, plain)}
+    assert keys == {"eagle3:budget=6,depth=3", "eagle3:budget=6,depth=6"}
+
+    @dataclasses.dataclass(frozen=True)
+    class Capped:
+        name: str = "capped"
+        feature_layers: tuple = ()
+
+        @property
+        def max_depth(self):
+            return 4
+
+    # A depth the user wrote is refused above the maximum, not lowered like a default.
+    with pytest.raises(ValueError, match="depth 9 is above the eagle3 drafter's maximum 4"):
+        methods_lib.make_method(
+            "eagle3:9", spec, default_depth=True, eagle3_loader=lambda: (Capped(), None)
+        )
 
 
 def test_eagle3_absence_is_a_clear_error(monkeypatch):

@@ -89,7 +89,8 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
         "--methods",
         default=None,
         metavar="LIST",
-        help=f"comma-separated, from {', '.join(METHODS)}; greedy always "
+        help=f"comma-separated, from {', '.join(METHODS)}; NAME:D runs a drafter at "
+        f"tree depth D (e.g. eagle3:4,eagle3:6, side by side); greedy always "
         f"runs first (default: greedy,ngram and eagle3 if it loads)",
     )
     b.add_argument("--json", metavar="OUT", required=True, help="where to write the report")

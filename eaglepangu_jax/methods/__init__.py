@@ -10,6 +10,7 @@ from eaglepangu_jax.methods.registry import (
     Method,
     make_method,
     parse_methods,
+    split_method,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "Method",
     "make_method",
     "parse_methods",
+    "split_method",
 ]

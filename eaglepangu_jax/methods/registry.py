@@ -43,6 +43,7 @@ __all__ = [
     "PeerRunner",
     "Method",
     "parse_methods",
+    "split_method",
     "load_eagle3",
     "load_block",
     "DRAFT_TARGET",
@@ -96,19 +97,43 @@ class Method:
             object.__setattr__(self, "correction", CostCorrection())
 
 
-def parse_methods(text: str | Sequence[str]) -> tuple[str, ...]:
-    """Method names from ``"greedy,ngram"``, greedy first (added if missing).
+def split_method(entry: str) -> tuple[str, int | None]:
+    """``"eagle3:4"`` -> ``("eagle3", 4)``: a method entry is a name, or a drafter's name and
+    the tree depth to run it at (``None``: the depth the run's settings give it). This is how
+    one run compares depths of one drafter side by side.
 
     Raises:
-      ValueError: an unknown or repeated name, or an empty list.
+      ValueError: an unknown name, a depth that is not a positive integer, or a depth given to
+        a method without one (greedy, the peers, MTP: it drafts one token).
+    """
+    name, colon, depth_text = entry.partition(":")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
+    if not colon:
+        return name, None
+    if name in (REFERENCE, "mtp", *PEER_METHODS):
+        raise ValueError(f"{entry!r}: {name} has no tree depth to set")
+    if not depth_text.isdigit() or int(depth_text) < 1:
+        raise ValueError(f"{entry!r}: the depth after ':' must be a positive integer")
+    return name, int(depth_text)
+
+
+def parse_methods(text: str | Sequence[str]) -> tuple[str, ...]:
+    """Method entries from ``"greedy,ngram,eagle3:4"``, greedy first (added if missing); an
+    entry ``NAME:D`` runs NAME at tree depth D (see :func:`split_method`).
+
+    Raises:
+      ValueError: an unknown or repeated entry, a bad depth, or an empty list.
     """
     names = [n.strip() for n in text.split(",")] if isinstance(text, str) else list(text)
     names = [n for n in names if n]
     if not names:
         raise ValueError(f"no methods given; known methods: {', '.join(METHODS)}")
-    unknown = [n for n in names if n not in METHODS]
+    unknown = [n for n in names if n.partition(":")[0] not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; known methods: {', '.join(METHODS)}")
+    for n in names:
+        split_method(n)
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"method(s) {repeated} given more than once")
@@ -169,7 +194,9 @@ def make_method(
     """Build a benchmark method; ``spec``'s budget and depth configure the drafter.
 
     Args:
-      name: one of :data:`METHODS`.
+      name: one of :data:`METHODS`, or ``NAME:D`` (:func:`split_method`): NAME at tree depth
+        D, whatever ``spec.depth`` and ``default_depth`` say; the method keeps the whole entry
+        as its name, so two depths of one drafter are told apart in a report.
       spec: the run settings. The block drafter proposes marginals, not a tree: under the
         default ``"drafter"`` policy it runs ``"auto"`` (best-first, roofline-sized trees).
       default_depth: ``spec.depth`` is a default the user did not choose: a shipped drafter
@@ -190,6 +217,22 @@ def make_method(
     """
     if draft_top_k is not None and draft_top_k < 1:
         raise ValueError(f"draft_top_k must be >= 1, got {draft_top_k}")
+    entry = name
+    name, depth = split_method(entry)
+    if depth is not None:
+        spec, default_depth = dataclasses.replace(spec, depth=depth), False
+    method = _make_method(name, spec, default_depth, eagle3_loader, torch_threads, draft_top_k)
+    return method if entry == name else dataclasses.replace(method, name=entry)
+
+
+def _make_method(
+    name: str,
+    spec: SpecConfig,
+    default_depth: bool,
+    eagle3_loader: Callable[[], tuple[Any, Any]] | None,
+    torch_threads: int | None,
+    draft_top_k: int | None,
+) -> Method:
     if name == REFERENCE:
         return Method(name=name, spec=spec)
     if name in PEER_METHODS:
@@ -218,8 +261,8 @@ def make_method(
         if default_depth:
             spec = dataclasses.replace(spec, depth=drafter.depth)
         drafter = _draft_target_for(drafter, spec, draft_top_k)
-    else:
-        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
+    else:  # split_method refused every other name
+        raise AssertionError(name)
     if spec.depth > drafter.max_depth:
         if not default_depth:
             raise ValueError(
