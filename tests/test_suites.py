@@ -48,6 +48,27 @@ def test_combined_suite_has_240_turns():
     assert turns[-1].conversation_id == "HumanEval/79" and turns[-1].index == 0
 
 
+def test_dev_suite_is_human_written_and_disjoint_from_evaluation():
+    from eaglepangu_jax.training import synth
+
+    convs = suites.load_suite("dev")
+    assert len(convs) == 56 and suites.count_turns(convs) == 104
+    mtbench_categories = {c.category for c in suites.load_suite("mtbench")}
+    counts = {}
+    for c in convs:
+        counts[c.category] = counts.get(c.category, 0) + 1
+    # Six two-turn conversations in each MT-Bench category, and eight function stubs.
+    assert counts == {**{c: 6 for c in mtbench_categories}, "code-completion": 8}
+    assert all(len(c.turns) == (1 if c.category == "code-completion" else 2) for c in convs)
+    turns = [t for c in convs for t in c.turns]
+    assert len({synth.normalize(t) for t in turns}) == len(turns)
+    # Model selection may look at it because the evaluation suites never share 8 words with it.
+    guard = synth.EvalGuard.from_texts(suites.evaluation_texts())
+    assert [t for t in turns if guard.overlaps(t)] == []
+    # The check bites: an evaluation turn inside a dev turn is caught.
+    assert guard.overlaps(turns[0] + " " + suites.load_suite("mtbench")[0].turns[1])
+
+
 def test_unknown_suite_lists_known():
     with pytest.raises(ValueError, match="known suites.*mtbench-humaneval"):
         suites.load_suite("gsm8k")

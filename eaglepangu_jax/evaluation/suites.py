@@ -13,6 +13,12 @@ The shipped suites (data files inside the package):
 * ``"humaneval"``: the first 80 HumanEval problems, one turn each, the problem's prompt wrapped
   in :data:`HUMANEVAL_TEMPLATE` (category ``"humaneval"``, id the task id).
 * ``"mtbench-humaneval"``: both, MT-Bench first (the seeds' 240 turns).
+* ``"dev"``: :data:`DEV_FILE`, 56 conversations (104 turns) written for this project in the
+  manner of the two (multi-sentence, specific user requests in MT-Bench's eight categories, two
+  turns each, and eight function stubs with doctests, category ``"code-completion"``), sharing
+  no run of 8 words with either (tested). The drafters' training prompts are written by the
+  teacher itself; this suite is the human-written stand-in for the evaluation prompts that
+  model selection or training may look at, where MT-Bench and HumanEval must stay unseen.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any, Iterable, Iterator, Sequence
 __all__ = [
     "MTBENCH_FILE",
     "HUMANEVAL_FILE",
+    "DEV_FILE",
     "HUMANEVAL_COUNT",
     "HUMANEVAL_TEMPLATE",
     "SUITES",
@@ -44,6 +51,7 @@ __all__ = [
 
 MTBENCH_FILE = "mt_bench_questions.jsonl"
 HUMANEVAL_FILE = "HumanEval.jsonl.gz"
+DEV_FILE = "dev_prompts.jsonl"
 HUMANEVAL_COUNT = 80
 # The user turn sent for a HumanEval problem; ``{prompt}`` is the problem's signature and
 # docstring with trailing whitespace removed.
@@ -51,7 +59,7 @@ HUMANEVAL_TEMPLATE = (
     "Complete the following Python function. Reply with the complete function in a Python "
     "code block.\n\n```python\n{prompt}\n```"
 )
-SUITES = ("mtbench", "humaneval", "mtbench-humaneval")
+SUITES = ("mtbench", "humaneval", "mtbench-humaneval", "dev")
 DEFAULT_CATEGORY = "general"
 _ID_KEYS = ("id", "question_id", "task_id")
 
@@ -223,4 +231,6 @@ def load_suite(name: str) -> list[Conversation]:
         return _humaneval()
     if name == "mtbench-humaneval":
         return _mtbench() + _humaneval()
+    if name == "dev":
+        return _parse(_read_data(DEV_FILE), DEV_FILE)
     raise ValueError(f"unknown suite {name!r}; known suites: {list(SUITES)}")
