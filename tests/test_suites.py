@@ -69,6 +69,20 @@ def test_dev_suite_is_human_written_and_disjoint_from_evaluation():
     assert guard.overlaps(turns[0] + " " + suites.load_suite("mtbench")[0].turns[1])
 
 
+def test_written_training_prompts_stay_clear_of_every_suite():
+    from eaglepangu_jax.training import synth
+
+    convs = suites.written_prompts()
+    assert len(convs) == 626 and suites.count_turns(convs) == 1175
+    assert {c.category for c in convs} == {c.category for c in suites.load_suite("dev")}
+    turns = [t for c in convs for t in c.turns]
+    # No near-duplicate turn (MinHash over word shingles, as the corpus's own filter).
+    assert synth.deduplicate(turns) == list(range(len(turns)))
+    held = suites.evaluation_texts() + [t for c in suites.load_suite("dev") for t in c.turns]
+    guard = synth.EvalGuard.from_texts(held)
+    assert [t for t in turns if guard.overlaps(t)] == []
+
+
 def test_unknown_suite_lists_known():
     with pytest.raises(ValueError, match="known suites.*mtbench-humaneval"):
         suites.load_suite("gsm8k")

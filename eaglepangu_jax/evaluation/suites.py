@@ -19,6 +19,12 @@ The shipped suites (data files inside the package):
   no run of 8 words with either (tested). The drafters' training prompts are written by the
   teacher itself; this suite is the human-written stand-in for the evaluation prompts that
   model selection or training may look at, where MT-Bench and HumanEval must stay unseen.
+
+Not a suite: :func:`written_prompts` (:data:`WRITTEN_FILE`), 626 conversations (1,175 turns)
+written for this project as *training* prompts in the same manner, in the same nine
+categories, sharing no run of 8 words with the evaluation suites or the dev suite and holding
+no near-duplicate turn (tested). They are the human-written counterpart of the teacher-written
+user turns of the self-distilled corpus.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ __all__ = [
     "MTBENCH_FILE",
     "HUMANEVAL_FILE",
     "DEV_FILE",
+    "WRITTEN_FILE",
     "HUMANEVAL_COUNT",
     "HUMANEVAL_TEMPLATE",
     "SUITES",
@@ -47,11 +54,13 @@ __all__ = [
     "load_prompts",
     "evaluation_texts",
     "load_suite",
+    "written_prompts",
 ]
 
 MTBENCH_FILE = "mt_bench_questions.jsonl"
 HUMANEVAL_FILE = "HumanEval.jsonl.gz"
 DEV_FILE = "dev_prompts.jsonl"
+WRITTEN_FILE = "written_prompts.jsonl"
 HUMANEVAL_COUNT = 80
 # The user turn sent for a HumanEval problem; ``{prompt}`` is the problem's signature and
 # docstring with trailing whitespace removed.
@@ -217,6 +226,11 @@ def evaluation_texts() -> list[str]:
     mtbench = [turn for conv in _mtbench() for turn in conv.turns]
     humaneval = [p.turns[0] for p in _parse(_read_data(HUMANEVAL_FILE), HUMANEVAL_FILE)]
     return mtbench + humaneval
+
+
+def written_prompts() -> list[Conversation]:
+    """The training prompts written for the project (see the module docstring)."""
+    return _parse(_read_data(WRITTEN_FILE), WRITTEN_FILE)
 
 
 def load_suite(name: str) -> list[Conversation]:
