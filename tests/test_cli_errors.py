@@ -251,6 +251,11 @@ def test_bad_checkpoint_paths_for_train_draft(tmp_path, capsys, no_model):
     )
     _user_error(
         capsys,
+        ["train-draft", "--out", "x", "--corpus", "a", "--corpus", "b", "--train-shards", "2"],
+        "--train-shards takes a single --corpus",
+    )
+    _user_error(
+        capsys,
         ["train-draft", "--out", "x", "--init-from", str(tmp_path / "run")],
         "--init-from: checkpoint",  # the broken run.json written above
     )

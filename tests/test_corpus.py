@@ -307,3 +307,108 @@ def test_corpus_summary_of_a_missing_corpus_is_one_error_line(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "error: --out: cannot read the corpus manifest" in err and "Traceback" not in err
+
+
+def test_conversation_corpus_answers_each_turn_after_the_earlier_answers(teacher, tmp_path):
+    from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.engine.decode import generate
+    from eaglepangu_jax.models.chat import encode_chat
+    from eaglepangu_jax.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    conversations = [
+        ["How do volcanoes form?", "Now in one sentence."],
+        ["Name a long river."],
+        ["Why is grass green?", "And why are some leaves red?"],
+    ]
+    settings = corpus_lib.CorpusSettings(max_new_tokens=4, shard_size=2)
+    made = []
+    manifest = distill.build_conversation_corpus(
+        teacher,
+        tok,
+        conversations,
+        settings,
+        tmp_path,
+        fingerprint=FP,
+        source="test",
+        progress=made.append,
+    )
+    # Turn 1: three prompts in shards of 2, turn 2: two prompts in one shard.
+    assert [s["sequences"] for s in manifest["shards"]] == [2, 1, 2] and len(made) == 3
+    assert manifest["totals"]["train"]["sequences"] == 5
+    assert manifest["plan"]["turns"] == 5 and manifest["prompts"]["source"] == "test"
+    assert distill.read_manifest(tmp_path) == manifest
+    shards = [
+        corpus_lib.load_corpus_shard(tmp_path / "answers", s["key"]) for s in manifest["shards"]
+    ]
+    spec = SpecConfig(policy="drafter", budget=1, depth=1, max_new_tokens=4)
+    first_answer = shards[0].answers()[0]
+    assert first_answer == generate(teacher, None, shards[0].prompts()[0], spec).tokens
+    # The third conversation's second turn follows the teacher's own answer to its first,
+    # sent back as text, exactly as the benchmark builds a later turn.
+    history = [
+        {"role": "user", "content": conversations[2][0]},
+        {"role": "assistant", "content": tok.decode(shards[1].answers()[0], True)},
+        {"role": "user", "content": conversations[2][1]},
+    ]
+    assert shards[2].prompts()[1] == encode_chat(tok, history)
+    assert shards[2].answers()[1] == generate(teacher, None, encode_chat(tok, history), spec).tokens
+
+    # Resumable: nothing is made again, and a corrupt first-turn shard is remade identically,
+    # so the later turns' prompts (and keys) stay the same.
+    made.clear()
+    assert (
+        distill.build_conversation_corpus(
+            teacher,
+            tok,
+            conversations,
+            settings,
+            tmp_path,
+            fingerprint=FP,
+            source="test",
+            progress=made.append,
+        )
+        == manifest
+    )
+    assert made == []
+    (tmp_path / "answers" / f"{manifest['shards'][1]['key']}.safetensors").write_bytes(b"junk")
+    again = distill.build_conversation_corpus(
+        teacher,
+        tok,
+        conversations,
+        settings,
+        tmp_path,
+        fingerprint=FP,
+        source="test",
+        progress=made.append,
+    )
+    assert again == manifest and len(made) == 1
+    with pytest.raises(ValueError, match="at least one user turn"):
+        distill.build_conversation_corpus(
+            teacher, tok, [["Hi there."], []], settings, tmp_path, fingerprint=FP, source="t"
+        )
+
+
+def test_corpus_command_refuses_given_conversations_it_must_not_answer(tmp_path, capsys):
+    from eaglepangu_jax.cli.app import main
+
+    def error(argv):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["corpus", *argv])
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err
+
+    quoting = tmp_path / "quoting.jsonl"
+    mtbench = load_suite("mtbench")[0].turns[0]
+    quoting.write_text(json.dumps({"id": "q", "turns": ["Hello.", mtbench]}) + "\n")
+    assert "--conversations needs --out" in error(["--conversations", str(quoting)])
+    err = error(["--conversations", str(quoting), "--out", str(tmp_path / "c")])
+    assert "share a run of 8 words with MT-Bench or HumanEval (first: 'q')" in err
+    # A folder that holds the synthesised corpus is never overwritten by given conversations.
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text(json.dumps({"id": "c", "prompt": "Name a mountain."}) + "\n")
+    synthesised = tmp_path / "synth"
+    plan = distill.CorpusPlan()
+    distill.write_manifest(synthesised, plan, FP, distill.PromptList([], [], {}, 0, 0), shards=[])
+    err = error(["--conversations", str(clean), "--out", str(synthesised)])
+    assert "holds a corpus of synthesised prompts; give another folder" in err

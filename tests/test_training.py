@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
 from eaglepangu_jax.drafters import eagle3
-from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
+from eaglepangu_jax.drafters.vocab import build_vocab, token_counts, vocab_over
 from eaglepangu_jax.engine.decode import Teacher
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
@@ -313,3 +313,32 @@ def test_eagle3_evaluation_agrees_with_the_training_accuracy():
     chain = np.asarray(report["chain"])
     assert np.all(np.diff(chain) <= 0) and 0 <= chain[0] <= 1
     assert report["chain_accepted_length"] == pytest.approx(1 + chain.sum())
+
+
+def test_vocab_over_a_stored_vocabulary_literal():
+    counts = np.array([0, 0, 4, 0, 1, 3, 0, 2])  # 10 tokens
+    stored = np.array([0, 1, 2, 7])  # a head's d2t: specials, then id 7
+    vocab = vocab_over(stored, counts)
+    assert vocab.d2t.dtype == np.int32 and vocab.d2t.tolist() == [0, 1, 2, 7]
+    assert vocab.coverage == 0.6 and vocab.teacher_vocab_size == 8
+    # build_vocab is vocab_over its own choice.
+    built = build_vocab(counts, 4)
+    again = vocab_over(built.d2t, counts)
+    assert built.d2t.tolist() == [0, 1, 2, 5] == again.d2t.tolist()
+    assert built.coverage == again.coverage == 0.7
+
+
+def test_several_corpora_fold_into_one_training_set(tmp_path):
+    from eaglepangu_jax.cli.train import corpora
+
+    reads = []
+
+    def read(folder):
+        reads.append(folder)
+        name = folder.rsplit("/", 1)[-1]
+        return [f"{name}-train"], [f"{name}-held"]
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    train_shards, held = corpora([a, b, str(tmp_path / "b" / "..") + "/b"], read)
+    assert reads == [a, b]  # the same folder, however spelled, is read once
+    assert train_shards == ["a-train", "b-train", "b-train"] and held == ["a-held", "b-held"]

@@ -130,9 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sample user turns from the teacher's pre-query template, filter and\n"
         "deduplicate them, drop any that overlaps MT-Bench or HumanEval, mix in the\n"
         "template prompts, and answer them greedily in batches, one content-addressed\n"
-        "shard of token ids at a time, until the answers hold --target-tokens.",
+        "shard of token ids at a time, until the answers hold --target-tokens.\n"
+        "With --written (or --conversations FILE), answer every turn of given\n"
+        "conversations instead, each after the teacher's answers to the earlier ones.",
         epilog="examples:\n  eaglepangu corpus --target-tokens 1000000\n"
-        "  eaglepangu corpus --summary\n  eaglepangu corpus --ray-address local",
+        "  eaglepangu corpus --summary\n  eaglepangu corpus --ray-address local\n"
+        "  eaglepangu corpus --written          # into the package's corpus-written",
     )
     corpus_cli.add_arguments(k)
     k.set_defaults(command_parser=k)

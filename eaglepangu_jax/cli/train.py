@@ -7,7 +7,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from eaglepangu_jax.drafters.checkpoint import (
 )
 from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig, init_from_teacher
 from eaglepangu_jax.drafters.eagle3_head import default_feature_layers
-from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
+from eaglepangu_jax.drafters.vocab import build_vocab, token_counts, vocab_over
 from eaglepangu_jax.training.train import KINDS, TrainConfig, make_batches, train
 
 __all__ = ["train_draft_main"]
@@ -50,9 +50,12 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
     parser.add_argument("--data-dir", default=None, help="shard directory (default: cache)")
     parser.add_argument(
         "--corpus",
+        action="append",
         default=None,
         help="train on this corpus folder (see 'eaglepangu corpus'; its manifest's held-out "
-        "shards are held out) instead of answering --prompts template prompts",
+        "shards are held out) instead of answering --prompts template prompts. Repeat to "
+        "train on several (e.g. the synthesised corpus and corpus-written); a folder given "
+        "twice has its training shards counted twice (held-out shards once)",
     )
     parser.add_argument(
         "--holdout-shards",
@@ -167,6 +170,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if args.train_shards is not None:
         if args.corpus is None:
             parser.error("--train-shards needs --corpus")
+        if len(args.corpus) > 1:
+            parser.error("--train-shards takes a single --corpus")
         if args.train_shards < 1:
             parser.error(f"--train-shards must be >= 1, got {args.train_shards}")
     for option, path in (("--out", args.out), ("--export", args.export)):
@@ -207,19 +212,29 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     if args.soft_targets:  # computed from EAGLE-3's taps: the feature cache it already made
         taps = default_feature_layers(teacher_cfg.num_layers)
     if args.corpus is not None:
-        shards, held = _corpus_shards(
-            parser,
-            teacher,
+        shards, held = corpora(
             args.corpus,
-            taps,
-            fingerprint,
-            resolve_cache_dir() / "features",
-            train_shards=args.train_shards,
+            lambda directory: _corpus_shards(
+                parser,
+                teacher,
+                directory,
+                taps,
+                fingerprint,
+                resolve_cache_dir() / "features",
+                train_shards=args.train_shards,
+            ),
         )
     else:
         shards, held = _prompt_shards(parser, args, teacher, tok, taps, fingerprint)
     counts = token_counts((s.tokens for s in shards), teacher_cfg.vocab_size)
     vocab = build_vocab(counts, args.vocab_size, special_ids=(0, 1, 2))
+    if args.init_from is not None:
+        # A continued head keeps the draft vocabulary its rows score, even where new data
+        # (another corpus) would rank the tokens differently; only a draft model given
+        # another --vocab-size moves to a new one (see load_starting_head).
+        stored_d2t = load_checkpoint(args.init_from, fingerprint=None, kind=args.kind)[2]
+        if len(stored_d2t) == args.vocab_size:
+            vocab = vocab_over(stored_d2t, counts)
     print(f"draft vocabulary: {vocab.size} tokens, coverage {vocab.coverage:.4f}")
     batches = make_batches(shards, vocab, args.seq_len, args.row_overlap)
     if args.soft_targets:
@@ -399,6 +414,20 @@ def _prompt_shards(parser, args, teacher, tok, feature_layers, fingerprint):
     held = shards[len(shards) - args.holdout_shards :] if args.holdout_shards else []
     shards = shards[: len(shards) - args.holdout_shards]
     return shards, held
+
+
+def corpora(directories: Sequence[str], read: Callable[[str], tuple[list, list]]):
+    """``(training shards, held-out shards)`` of several corpus folders, ``read(folder)``
+    giving one folder's. A folder given twice is read once: its training shards count twice
+    (a way to weight a small corpus), its held-out shards once."""
+    train_shards, held, seen = [], [], {}
+    for directory in directories:
+        where = Path(directory).resolve()
+        if where not in seen:
+            seen[where] = read(directory)
+            held += seen[where][1]
+        train_shards += seen[where][0]
+    return train_shards, held
 
 
 def _corpus_shards(

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["DraftVocab", "token_counts", "build_vocab"]
+__all__ = ["DraftVocab", "token_counts", "build_vocab", "vocab_over"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,13 @@ def build_vocab(
     taken = np.zeros((vocab_size,), bool)
     taken[specials] = True
     rest = order[~taken[order]][: size - len(specials)]
-    d2t = np.concatenate([np.asarray(specials, np.int64), rest]).astype(np.int32)
+    return vocab_over(np.concatenate([np.asarray(specials, np.int64), rest]), counts)
+
+
+def vocab_over(d2t: np.ndarray, counts: np.ndarray) -> DraftVocab:
+    """The draft vocabulary ``d2t`` (e.g. a stored head's), its coverage of ``counts``."""
+    counts = np.asarray(counts, np.int64)
+    d2t = np.asarray(d2t).astype(np.int32)
     total = counts.sum()
     coverage = float(counts[d2t].sum() / total) if total > 0 else 0.0
-    return DraftVocab(d2t=d2t, teacher_vocab_size=vocab_size, coverage=coverage)
+    return DraftVocab(d2t=d2t, teacher_vocab_size=counts.shape[0], coverage=coverage)
