@@ -291,6 +291,18 @@ def test_parse_methods_rejects(text, match):
         methods_lib.parse_methods(text)
 
 
+@dataclasses.dataclass(frozen=True)
+class Capped:
+    """A drafter stand-in whose trees go at most 4 deep."""
+
+    name: str = "capped"
+    feature_layers: tuple = ()
+
+    @property
+    def max_depth(self):
+        return 4
+
+
 def test_make_method_depth_against_drafter_maximum():
     def loader():
         return NGramDrafter(depth=4, budget=16, max_ngram=2), None
@@ -298,15 +310,6 @@ def test_make_method_depth_against_drafter_maximum():
     spec = SpecConfig(budget=6, depth=3)
     method = methods_lib.make_method("eagle3", spec, eagle3_loader=loader)
     assert method.drafter.depth == 3 and method.drafter.budget == 6  # configured by the spec
-
-    @dataclasses.dataclass(frozen=True)
-    class Capped:
-        name: str = "capped"
-        feature_layers: tuple = ()
-
-        @property
-        def max_depth(self):
-            return 4
 
     deep = SpecConfig(budget=6, depth=8)
     with pytest.raises(ValueError, match="depth 8 is above the eagle3 drafter's maximum 4"):
@@ -337,15 +340,6 @@ def test_a_method_entry_sets_its_depth_and_keeps_its_name():
     # Both depths keep their own drafting-cost key, named by the drafter.
     keys = {curve.draft_cost_key(m) for m in (shallow, plain)}
     assert keys == {"eagle3:budget=6,depth=3", "eagle3:budget=6,depth=6"}
-
-    @dataclasses.dataclass(frozen=True)
-    class Capped:
-        name: str = "capped"
-        feature_layers: tuple = ()
-
-        @property
-        def max_depth(self):
-            return 4
 
     # A depth the user wrote is refused above the maximum, not lowered like a default.
     with pytest.raises(ValueError, match="depth 9 is above the eagle3 drafter's maximum 4"):

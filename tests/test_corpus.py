@@ -323,16 +323,20 @@ def test_conversation_corpus_answers_each_turn_after_the_earlier_answers(teacher
     ]
     settings = corpus_lib.CorpusSettings(max_new_tokens=4, shard_size=2)
     made = []
-    manifest = distill.build_conversation_corpus(
-        teacher,
-        tok,
-        conversations,
-        settings,
-        tmp_path,
-        fingerprint=FP,
-        source="test",
-        progress=made.append,
-    )
+
+    def build():
+        return distill.build_conversation_corpus(
+            teacher,
+            tok,
+            conversations,
+            settings,
+            tmp_path,
+            fingerprint=FP,
+            source="test",
+            progress=made.append,
+        )
+
+    manifest = build()
     # Turn 1: three prompts in shards of 2, turn 2: two prompts in one shard.
     assert [s["sequences"] for s in manifest["shards"]] == [2, 1, 2] and len(made) == 3
     assert manifest["totals"]["train"]["sequences"] == 5
@@ -357,31 +361,10 @@ def test_conversation_corpus_answers_each_turn_after_the_earlier_answers(teacher
     # Resumable: nothing is made again, and a corrupt first-turn shard is remade identically,
     # so the later turns' prompts (and keys) stay the same.
     made.clear()
-    assert (
-        distill.build_conversation_corpus(
-            teacher,
-            tok,
-            conversations,
-            settings,
-            tmp_path,
-            fingerprint=FP,
-            source="test",
-            progress=made.append,
-        )
-        == manifest
-    )
+    assert build() == manifest
     assert made == []
     (tmp_path / "answers" / f"{manifest['shards'][1]['key']}.safetensors").write_bytes(b"junk")
-    again = distill.build_conversation_corpus(
-        teacher,
-        tok,
-        conversations,
-        settings,
-        tmp_path,
-        fingerprint=FP,
-        source="test",
-        progress=made.append,
-    )
+    again = build()
     assert again == manifest and len(made) == 1
     with pytest.raises(ValueError, match="at least one user turn"):
         distill.build_conversation_corpus(
