@@ -340,6 +340,8 @@ def test_a_method_entry_sets_its_depth_and_keeps_its_name():
     # Both depths keep their own drafting-cost key, named by the drafter.
     keys = {curve.draft_cost_key(m) for m in (shallow, plain)}
     assert keys == {"eagle3:budget=6,depth=3", "eagle3:budget=6,depth=6"}
+    labelled = dataclasses.replace(plain, name="block auto<=4")  # an experiment grid's label
+    assert curve.draft_cost_key(labelled) == "block auto<=4:budget=6,depth=6"
 
     # A depth the user wrote is refused above the maximum, not lowered like a default.
     with pytest.raises(ValueError, match="depth 9 is above the eagle3 drafter's maximum 4"):
