@@ -337,11 +337,9 @@ def test_a_method_entry_sets_its_depth_and_keeps_its_name():
         assert shallow.spec.depth == 3 and shallow.drafter.depth == 3
     plain = methods_lib.make_method("eagle3", spec, eagle3_loader=loader)
     assert plain.name == "eagle3" and plain.spec.depth == 6
-    # Both depths keep their own drafting-cost key, named by the drafter.
+    # Both depths keep their own drafting-cost key.
     keys = {curve.draft_cost_key(m) for m in (shallow, plain)}
-    assert keys == {"eagle3:budget=6,depth=3", "eagle3:budget=6,depth=6"}
-    labelled = dataclasses.replace(plain, name="block auto<=4")  # an experiment grid's label
-    assert curve.draft_cost_key(labelled) == "block auto<=4:budget=6,depth=6"
+    assert keys == {"eagle3:3:budget=6,depth=3", "eagle3:budget=6,depth=6"}
 
     # A depth the user wrote is refused above the maximum, not lowered like a default.
     with pytest.raises(ValueError, match="depth 9 is above the eagle3 drafter's maximum 4"):

@@ -200,13 +200,8 @@ def draft_cost_key(method: methods_lib.Method) -> str:
     """The calibration's name for ``method``'s drafting cost: the method and the tree shape it
     drafts. One drafter class drafts at very different costs: the EAGLE-3 head proposing 8
     nodes to depth 6 against the same head as MTP (one node), so a cost measured for one
-    shape must not be read for another. An entry such as ``eagle3:4`` is keyed by its drafter:
-    the depth is in the key already."""
-    try:
-        name, _ = methods_lib.split_method(method.name)
-    except ValueError:  # a label of the experiment grids (e.g. "block auto<=4"): kept whole
-        name = method.name
-    return f"{name}:budget={method.spec.budget},depth={method.spec.depth}"
+    shape must not be read for another."""
+    return f"{method.name}:budget={method.spec.budget},depth={method.spec.depth}"
 
 
 def method_costs(

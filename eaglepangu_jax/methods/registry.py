@@ -129,9 +129,6 @@ def parse_methods(text: str | Sequence[str]) -> tuple[str, ...]:
     names = [n for n in names if n]
     if not names:
         raise ValueError(f"no methods given; known methods: {', '.join(METHODS)}")
-    unknown = [n for n in names if n.partition(":")[0] not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; known methods: {', '.join(METHODS)}")
     for n in names:
         split_method(n)
     repeated = sorted({n for n in names if names.count(n) > 1})
