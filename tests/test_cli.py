@@ -84,7 +84,7 @@ def test_help_reads_like_a_guide(capsys):
         (["generate", "hi", "--json", "/no/such/folder/out.json"], "folder does not exist"),
         (
             ["bench", "--suite", "humaneval", "--json", "o.json", "--methods", "greedy,beam"],
-            "unknown method(s) ['beam']",
+            "unknown method 'beam'",
         ),
         (["bench", "--suite", "nope", "--json", "o.json"], "invalid choice: 'nope'"),
         (["bench", "--json", "o.json"], "one of the arguments --prompts --suite is required"),
