@@ -1,6 +1,7 @@
-"""The corpus committed in the package: every shard the manifest lists is on disk with the
-recorded sha256 and counts, the totals and the held-out split follow the plan, it was answered
-by the shipped teacher, and no prompt quotes an evaluation suite."""
+"""The corpora committed in the package (the synthesised one and the answers to the written
+training conversations): every shard the manifest lists is on disk with the recorded sha256 and
+counts, the totals and the held-out split follow the plan, they were answered by the shipped
+teacher, and no prompt quotes an evaluation suite."""
 
 from __future__ import annotations
 
@@ -10,14 +11,23 @@ import types
 
 import pytest
 
-from eaglepangu_jax.cli.corpus import DEFAULT_DIR
+from eaglepangu_jax.cli.corpus import DEFAULT_DIR, WRITTEN_DIR
 from eaglepangu_jax.cli.train import _corpus_shards
-from eaglepangu_jax.evaluation.suites import evaluation_texts
+from eaglepangu_jax.evaluation.suites import evaluation_texts, written_prompts
 from eaglepangu_jax.files import sha256_file
 from eaglepangu_jax.training import corpus as corpus_lib
 from eaglepangu_jax.training import distill, synth
 
 ANSWERS = DEFAULT_DIR / "answers"
+
+
+def _load_shards(directory, manifest):
+    loaded = []
+    for entry in manifest["shards"]:
+        shard = corpus_lib.load_corpus_shard(directory / "answers", entry["key"])
+        assert shard is not None, f"shard {entry['key']} is missing or fails its own hash"
+        loaded.append(shard)
+    return loaded
 
 
 @pytest.fixture(scope="module")
@@ -27,18 +37,25 @@ def manifest():
 
 @pytest.fixture(scope="module")
 def shards(manifest):
-    loaded = []
-    for entry in manifest["shards"]:
-        shard = corpus_lib.load_corpus_shard(ANSWERS, entry["key"])
-        assert shard is not None, f"shard {entry['key']} is missing or fails its own hash"
-        loaded.append(shard)
-    return loaded
+    return _load_shards(DEFAULT_DIR, manifest)
 
 
-def test_every_listed_shard_has_the_manifests_hash_and_counts(manifest, shards):
-    for entry, shard in zip(manifest["shards"], shards):
+@pytest.fixture(scope="module")
+def written():
+    manifest = distill.read_manifest(WRITTEN_DIR)
+    return manifest, _load_shards(WRITTEN_DIR, manifest)
+
+
+@pytest.mark.parametrize("which", ["synthesised", "written"])
+def test_every_listed_shard_has_the_manifests_hash_and_counts(which, request):
+    if which == "written":
+        directory, (manifest, shards) = WRITTEN_DIR, request.getfixturevalue("written")
+    else:
+        directory = DEFAULT_DIR
+        manifest, shards = request.getfixturevalue("manifest"), request.getfixturevalue("shards")
+    for entry, shard in zip(manifest["shards"], shards, strict=True):
         # The manifest's hash, recomputed from the file (not only the shard's own meta).
-        assert sha256_file(ANSWERS / f"{entry['key']}.safetensors") == entry["sha256"]
+        assert sha256_file(directory / "answers" / f"{entry['key']}.safetensors") == entry["sha256"]
         assert len(shard) == entry["sequences"]
         assert shard.prompt_tokens == entry["prompt_tokens"]
         assert shard.answer_tokens == entry["answer_tokens"]
@@ -66,11 +83,49 @@ def test_totals_and_split_follow_the_plan(manifest):
     assert len({e["key"] for e in entries}) == len(entries)
 
 
+def test_written_corpus_answers_every_written_turn_in_order(written):
+    # Turn by turn, in shards: all first turns (in the file's order), then all second turns;
+    # each prompt is the chat template over the conversation so far, every shard for training.
+    from eaglepangu_jax.models.chat import encode_chat
+    from eaglepangu_jax.runtime import load_renderer
+
+    manifest, shards = written
+    conversations = written_prompts()
+    turns = [len(c.turns) for c in conversations]
+    assert manifest["plan"]["source"] == "written"
+    assert manifest["plan"]["conversations"] == len(conversations)
+    assert manifest["plan"]["turns"] == sum(turns)
+    assert {e["split"] for e in manifest["shards"]} == {"train"}
+    assert manifest["totals"]["train"]["sequences"] == sum(turns)
+    tokenizer = load_renderer().tokenizer
+    prompts = [p for shard in shards for p in shard.prompts()]
+    first = [
+        encode_chat(tokenizer, [{"role": "user", "content": c.turns[0]}]) for c in conversations
+    ]
+    assert prompts[: len(conversations)] == first
+    # A second-turn prompt carries the first turn and the teacher's answer to it.
+    answers = [a for shard in shards for a in shard.answers()]
+    two = [i for i, c in enumerate(conversations) if len(c.turns) > 1]
+    second = encode_chat(
+        tokenizer,
+        [
+            {"role": "user", "content": conversations[two[0]].turns[0]},
+            {
+                "role": "assistant",
+                "content": tokenizer.decode(answers[two[0]], skip_special_tokens=True),
+            },
+            {"role": "user", "content": conversations[two[0]].turns[1]},
+        ],
+    )
+    assert prompts[len(conversations)] == second
+
+
 @pytest.mark.slow
-def test_answered_by_the_shipped_teacher(manifest):
+@pytest.mark.parametrize("directory", [DEFAULT_DIR, WRITTEN_DIR], ids=["synthesised", "written"])
+def test_answered_by_the_shipped_teacher(directory):
     from eaglepangu_jax.models.smollm2 import teacher_fingerprint
 
-    assert manifest["teacher"] == teacher_fingerprint()
+    assert distill.read_manifest(directory)["teacher"] == teacher_fingerprint()
 
 
 def test_no_prompt_quotes_an_evaluation_suite(shards):
