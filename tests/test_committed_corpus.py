@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import types
 
 import pytest
@@ -18,41 +19,37 @@ from eaglepangu_jax.files import sha256_file
 from eaglepangu_jax.training import corpus as corpus_lib
 from eaglepangu_jax.training import distill, synth
 
-ANSWERS = DEFAULT_DIR / "answers"
 
-
-def _load_shards(directory, manifest):
+@functools.cache
+def _corpus(directory):
+    """The manifest in ``directory`` and every shard it lists, each checked by its own hash."""
+    manifest = distill.read_manifest(directory)
     loaded = []
     for entry in manifest["shards"]:
         shard = corpus_lib.load_corpus_shard(directory / "answers", entry["key"])
         assert shard is not None, f"shard {entry['key']} is missing or fails its own hash"
         loaded.append(shard)
-    return loaded
+    return manifest, loaded
 
 
 @pytest.fixture(scope="module")
 def manifest():
-    return distill.read_manifest(DEFAULT_DIR)
+    return _corpus(DEFAULT_DIR)[0]
 
 
 @pytest.fixture(scope="module")
-def shards(manifest):
-    return _load_shards(DEFAULT_DIR, manifest)
+def shards():
+    return _corpus(DEFAULT_DIR)[1]
 
 
 @pytest.fixture(scope="module")
 def written():
-    manifest = distill.read_manifest(WRITTEN_DIR)
-    return manifest, _load_shards(WRITTEN_DIR, manifest)
+    return _corpus(WRITTEN_DIR)
 
 
-@pytest.mark.parametrize("which", ["synthesised", "written"])
-def test_every_listed_shard_has_the_manifests_hash_and_counts(which, request):
-    if which == "written":
-        directory, (manifest, shards) = WRITTEN_DIR, request.getfixturevalue("written")
-    else:
-        directory = DEFAULT_DIR
-        manifest, shards = request.getfixturevalue("manifest"), request.getfixturevalue("shards")
+@pytest.mark.parametrize("directory", [DEFAULT_DIR, WRITTEN_DIR], ids=["synthesised", "written"])
+def test_every_listed_shard_has_the_manifests_hash_and_counts(directory):
+    manifest, shards = _corpus(directory)
     for entry, shard in zip(manifest["shards"], shards, strict=True):
         # The manifest's hash, recomputed from the file (not only the shard's own meta).
         assert sha256_file(directory / "answers" / f"{entry['key']}.safetensors") == entry["sha256"]
