@@ -59,6 +59,15 @@ def test_every_listed_shard_has_the_manifests_hash_and_counts(directory):
         assert all(len(a) >= 1 for a in shard.answers())
 
 
+@pytest.mark.parametrize("directory", [DEFAULT_DIR, WRITTEN_DIR], ids=["synthesised", "written"])
+def test_the_package_ships_only_the_listed_shards(directory):
+    # A corpus rebuilt over more prompts leaves its superseded shards behind; shipping them
+    # would only make the package larger.
+    manifest, _ = _corpus(directory)
+    listed = {f"{e['key']}{suffix}" for e in manifest["shards"] for suffix in (".json", ".safetensors")}
+    assert sorted(p.name for p in (directory / "answers").iterdir()) == sorted(listed)
+
+
 def test_totals_and_split_follow_the_plan(manifest):
     plan = distill.CorpusPlan(
         **{

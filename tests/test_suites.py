@@ -73,7 +73,7 @@ def test_written_training_prompts_stay_clear_of_every_suite():
     from eaglepangu_jax.training import synth
 
     convs = suites.written_prompts()
-    assert len(convs) == 626 and suites.count_turns(convs) == 1175
+    assert len(convs) == 1011 and suites.count_turns(convs) == 1875
     assert {c.category for c in convs} == {c.category for c in suites.load_suite("dev")}
     turns = [t for c in convs for t in c.turns]
     # No near-duplicate turn (MinHash over word shingles, as the corpus's own filter).

@@ -20,8 +20,8 @@ The shipped suites (data files inside the package):
   teacher itself; this suite is the human-written stand-in for the evaluation prompts that
   model selection or training may look at, where MT-Bench and HumanEval must stay unseen.
 
-Not a suite: :func:`written_prompts` (:data:`WRITTEN_FILE`), 626 conversations (1,175 turns)
-written for this project as *training* prompts in the same manner, in the same nine
+Not a suite: :func:`written_prompts` (:data:`WRITTEN_FILE`), 1,011 conversations (1,875
+turns) written for this project as *training* prompts in the same manner, in the same nine
 categories, sharing no run of 8 words with the evaluation suites or the dev suite and holding
 no near-duplicate turn (tested). They are the human-written counterpart of the teacher-written
 user turns of the self-distilled corpus.
