@@ -143,6 +143,43 @@ def test_make_batches_literal_rows():
     assert last.lengths.tolist() == [4, 4, 3] and last.tokens[2].tolist() == [9, 10, 11, 0]
 
 
+def _padded_features(shards, seq_len, overlap):
+    """The rows' features copied out one by one: what ``RowFeatures`` must read as."""
+    rows = []
+    for shard in shards:
+        for seq, feat, _ in shard.sequences():
+            for start in train_lib.row_starts(len(seq), seq_len, overlap):
+                row = np.zeros((seq_len,) + feat.shape[1:], np.float16)
+                n = min(len(seq) - start, seq_len)
+                row[:n] = feat[start : start + n]
+                rows.append(row)
+    return np.stack(rows)
+
+
+def test_row_features_read_as_the_padded_rows_and_hold_a_repeated_shard_once():
+    _, vocab, _, _ = _fake_setup()
+    first, second = _fake_setup(seed=1)[2].features.sources  # two shards of 3 sequences
+    shards = [
+        data_lib.Shard(
+            np.zeros(len(f), np.int32) + 3,
+            np.asarray([0, 12, 21, 36]),
+            np.asarray([3, 2, 4], np.int32),
+            f,
+        )
+        for f in (first, second)
+    ]
+    given = [shards[0], shards[1], shards[1]]  # the second shard weighted twice
+    rows = train_lib.make_batches(given, vocab, 8, row_overlap=2).features
+    want = _padded_features(given, 8, 2)
+    assert rows.shape == want.shape and len(rows.sources) == 2
+    np.testing.assert_array_equal(np.asarray(rows), want)
+    for index in (3, -1, slice(2, 9), slice(None, None, 3), np.asarray([7, 0, 7])):
+        np.testing.assert_array_equal(rows[index], want[index])
+    # an index of the other axes too, as the soft targets read the highest tap
+    np.testing.assert_array_equal(rows[np.arange(4), :, 2], want[np.arange(4), :, 2])
+    np.testing.assert_array_equal(rows[5, :3], want[5, :3])
+
+
 @given(
     length=st.integers(1, 60),
     prompt_len=st.integers(0, 60),

@@ -96,13 +96,66 @@ class TrainConfig:
             raise ValueError(f"soft_weight must be in [0, 1], got {self.soft_weight}")
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class RowFeatures:
+    """The teacher features of padded training rows, ``[N, T, F, H]`` float16, read from the
+    shards' own arrays when indexed.
+
+    Copying every row out up front would hold the features twice (the shards and the rows) and
+    once more per repeat of a corpus given several times: the synthesised corpus plus the
+    written one three times at 384 tokens is about 14 GB of rows beside 7 GB of shards, past a
+    24 GB machine. A row here is a place in a shard; indexing (an int, a slice, an index array,
+    optionally followed by indices of the other axes) copies out only the rows asked for, zero
+    past each row's length, as the padded array would hold them.
+    """
+
+    sources: tuple[np.ndarray, ...]  # per shard [positions, F, H]
+    source: np.ndarray  # [N] int32 the shard of each row
+    begin: np.ndarray  # [N] int64 the row's first position in its shard
+    length: np.ndarray  # [N] int32 positions of the row (the rest is padding)
+    seq_len: int
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (len(self.source), self.seq_len) + self.sources[0].shape[1:]
+
+    @property
+    def ndim(self) -> int:
+        return 4
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float16)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index) -> np.ndarray:
+        rest = ()
+        if isinstance(index, tuple):
+            index, rest = index[0], index[1:]
+        rows = np.arange(len(self.source))[index]
+        single = np.ndim(rows) == 0
+        rows = np.atleast_1d(rows)
+        out = np.zeros((len(rows),) + self.shape[1:], np.float16)
+        for k, r in enumerate(rows):
+            a, n = int(self.begin[r]), int(self.length[r])
+            out[k, :n] = self.sources[self.source[r]][a : a + n]
+        out = out[0] if single else out
+        return out[rest] if single else out[(slice(None),) + rest]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+
 @dataclasses.dataclass(frozen=True)
 class Batches:
     """Padded training arrays (host side)."""
 
     tokens: np.ndarray  # [N, T] int32
     targets: np.ndarray  # [N, T] int32 draft id of each token, -1 when not trainable
-    features: np.ndarray  # [N, T, F, H] float16
+    features: np.ndarray | RowFeatures  # [N, T, F, H] float16
     prompt_lens: np.ndarray  # [N] int32 leading non-target positions (prompt, or context)
     lengths: np.ndarray  # [N] int32 real tokens of each row (the rest is padding)
     # Draft model with soft targets (training.soft_targets): the teacher's top-K draft ids
@@ -133,9 +186,13 @@ def make_batches(
     are targets, and each of them in one row only: the first ``row_overlap`` positions of a
     continuation row are context, marked as its ``prompt_lens`` and never targets."""
     t2d = vocab.t2d()
-    toks, tgts, feats, prompt_lens, lengths = [], [], [], [], []
+    toks, tgts, sources, source, begin, prompt_lens, lengths = [], [], [], [], [], [], []
+    places: dict[int, int] = {}  # a shard given twice (a corpus weighted up) is held once
     for shard in shards:
-        for seq, feat, prompt_len in shard.sequences():
+        where = places.setdefault(id(shard.features), len(sources))
+        if where == len(sources):
+            sources.append(shard.features)
+        for i, (seq, _, prompt_len) in enumerate(shard.sequences()):
             for start in row_starts(len(seq), seq_len, row_overlap):
                 n = min(len(seq) - start, seq_len)
                 context = prompt_len - start if start == 0 else max(prompt_len - start, row_overlap)
@@ -145,19 +202,25 @@ def make_batches(
                 tgt = np.full((seq_len,), -1, np.int32)
                 tgt[:n] = t2d[tok[:n]]
                 tgt[:context] = -1  # prompt (or already-trained context) is not a target
-                f = np.zeros((seq_len,) + feat.shape[1:], np.float16)
-                f[:n] = feat[start : start + n]
                 toks.append(tok)
                 tgts.append(tgt)
-                feats.append(f)
+                source.append(where)
+                begin.append(int(shard.offsets[i]) + start)
                 prompt_lens.append(context)
                 lengths.append(n)
     if not toks:
         raise ValueError("no training sequences")
+    features = RowFeatures(
+        tuple(sources),
+        np.asarray(source, np.int32),
+        np.asarray(begin, np.int64),
+        np.asarray(lengths, np.int32),
+        seq_len,
+    )
     return Batches(
         np.stack(toks),
         np.stack(tgts),
-        np.stack(feats),
+        features,
         np.asarray(prompt_lens, np.int32),
         np.asarray(lengths, np.int32),
     )
