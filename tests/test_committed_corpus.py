@@ -64,7 +64,9 @@ def test_the_package_ships_only_the_listed_shards(directory):
     # A corpus rebuilt over more prompts leaves its superseded shards behind; shipping them
     # would only make the package larger.
     manifest, _ = _corpus(directory)
-    listed = {f"{e['key']}{suffix}" for e in manifest["shards"] for suffix in (".json", ".safetensors")}
+    listed = {
+        f"{e['key']}{suffix}" for e in manifest["shards"] for suffix in (".json", ".safetensors")
+    }
     assert sorted(p.name for p in (directory / "answers").iterdir()) == sorted(listed)
 
 
