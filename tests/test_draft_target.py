@@ -425,3 +425,141 @@ def test_fit_budget_lowers_only_to_a_declared_limit(teacher):
     ngram = registry.make_drafter("ngram", budget=8, depth=4)
     assert max_nodes_of(ngram) is None
     assert fit_budget(SpecConfig(budget=8), ngram).budget == 8
+
+
+# ------------------------------------------------------------------------ the beam tree
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _last_log_probs(params, tokens, *, config):
+    """Log-probabilities of the token after ``tokens`` (one sequence, from an empty cache)."""
+    n = tokens.shape[0]
+    shape = (config.num_layers, n, config.num_kv_heads, config.head_dim)
+    kv = KVCache(k=jnp.zeros(shape), v=jnp.zeros(shape), length=jnp.int32(0))
+    mask = mask_lib.causal_mask(n, 0, n)
+    logits = llama.forward(params, tokens, jnp.arange(n, dtype=jnp.int32), kv, mask, config=config)
+    return jax.nn.log_softmax(logits[0][-1])
+
+
+def brute_force_beam(config, params, prefix, width, depth):
+    """``{path: cumulative log-probability}`` of every node a beam of ``width`` keeps per
+    level, each path scored by a whole-sequence forward (no cache, no scratch slots)."""
+
+    def children(path, score):
+        logp = np.asarray(_last_log_probs(params, jnp.asarray(prefix + list(path)), config=config))
+        best = np.argsort(-logp)[:width]
+        return [(path + (int(t),), score + float(logp[t])) for t in best]
+
+    frontier, kept = children((), 0.0), {}
+    for level in range(depth):
+        frontier = sorted(frontier, key=lambda node: -node[1])[:width]
+        kept.update(frontier)
+        if level + 1 < depth:
+            frontier = [c for path, score in frontier for c in children(path, score)]
+    return kept
+
+
+def proposed_paths(tree):
+    """``{path: logscore}`` of the valid nodes of a proposed tree."""
+    tokens, anc, depth = (np.asarray(x) for x in (tree.tokens, tree.ancestors, tree.depth))
+    return {
+        tuple(int(tokens[anc[i, d]]) for d in range(1, depth[i] + 1)): float(tree.logscore[i])
+        for i in np.nonzero(np.asarray(tree.valid))[0]
+        if i > 0
+    }
+
+
+@pytest.mark.parametrize("budget", [9, 5], ids=["every-node", "best-5"])
+def test_the_beam_tree_is_a_beam_search_of_the_draft(teacher, budget):
+    """The beam's scratch slots and ancestry masks give each row the logits of its own path:
+    the proposed tree is the beam search done with whole-sequence forwards, and a smaller
+    budget keeps its best-scored nodes, packed into ``budget + 1`` slots."""
+    drafter, params = drafter_for(teacher, 2, top_k=3, budget=budget, depth=3, tree_shape="beam")
+    spec = spec_of(drafter, policy="drafter")
+    state = gen.init_state(
+        teacher, drafter, params, PROMPT, spec, capacity=64, key=jax.random.key(0)
+    )
+    context = state.context(spec.draft_window)
+    tree = drafter.propose(params, state.drafter_state, context, jax.random.key(1)).tree
+    prefix = [int(t) for t in np.asarray(context.tokens)[: int(context.num_tokens)]]
+    reference = brute_force_beam(drafter.config, params, prefix, width=3, depth=3)
+    best = dict(sorted(reference.items(), key=lambda node: -node[1])[:budget])
+    ours = proposed_paths(tree)
+    assert tree.num_slots == budget + 1 == drafter.max_nodes + 1
+    assert sorted(ours) == sorted(best)
+    np.testing.assert_allclose([ours[p] for p in best], list(best.values()), atol=1e-4)
+    # The case tests what fixed chains cannot do: some node above the last level keeps two
+    # children, or none.
+    children_of = collections.Counter(p[:-1] for p in reference if len(p) > 1)
+    inner = [p for p in reference if len(p) < 3]
+    assert any(children_of[p] != 1 for p in inner), children_of
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(top_k=3, budget=7, depth=3),
+        pytest.param(dict(top_k=2, budget=8, depth=4), marks=pytest.mark.slow),
+    ],
+    ids=["top3-best7", "top2-every-node"],
+)
+def test_beam_greedy_output_is_plain_greedy(teacher, plain, settings):
+    drafter, params = drafter_for(teacher, 1, tree_shape="beam", **settings)
+    ours = gen.generate(
+        teacher, drafter, PROMPT, spec_of(drafter, policy="drafter"), draft_params=params
+    )
+    assert ours.tokens == plain.tokens
+    assert ours.stats.rounds < plain.stats.rounds
+
+
+def test_beam_cache_after_each_round_equals_a_rebuilt_one(teacher):
+    drafter, params = drafter_for(teacher, 2, top_k=2, budget=5, depth=3, tree_shape="beam")
+    spec = spec_of(drafter, policy="drafter")
+    capacity = gen.cache_slots(len(PROMPT), spec, CFG.max_position)
+    state = gen.init_state(
+        teacher, drafter, params, PROMPT, spec, capacity=capacity, key=jax.random.key(3)
+    )
+    static = StepStatic(teacher=CFG, drafter=drafter, spec=spec, window=capacity)
+    step = jax.jit(speculative_step, static_argnums=0)
+    accepted = []
+    while not bool(state.done):
+        state, info = step(static, teacher.params, params, state, None)
+        accepted.append(int(info.acceptance.length))
+        ours = state.drafter_state
+        fresh = drafter.init_state(params, state.context(spec.draft_window))
+        n = int(state.num_tokens)
+        assert int(ours.cache.length) == int(fresh.cache.length) == n
+        np.testing.assert_allclose(ours.cache.k[:, :n], fresh.cache.k[:, :n], atol=1e-5)
+        np.testing.assert_allclose(ours.logits, fresh.logits, rtol=1e-5, atol=1e-4)
+    assert max(accepted) > 0 and min(accepted) < drafter.depth, accepted
+
+
+def test_a_sampled_run_verifies_the_beam_as_a_deterministic_tree(small_teacher, small_draft):
+    """Under sampling the beam is still grown by top-k, reported without ``draft_probs``, and
+    the emitted tokens follow the teacher's law (chi-square)."""
+    drafter, params = small_draft
+    beam = dataclasses.replace(drafter, tree_shape="beam", budget=4)
+    assert not beam.sampling and beam.max_nodes == 4
+    samples, accepted = engine_samples(small_teacher, beam, params)
+    assert 0.05 < np.mean(accepted > 0) < 0.95, np.mean(accepted > 0)
+    assert p_value(samples, exact_law(small_teacher)) > PASS_P
+
+
+def test_the_tree_shape_is_checked_and_wired(teacher, monkeypatch):
+    with pytest.raises(ValueError, match=r"tree_shape must be one of \('chains', 'beam'\)"):
+        drafter_for(teacher, 1, tree_shape="dynamic")
+    drafter, params = drafter_for(teacher, 2)
+    monkeypatch.setattr(draft_target, "load_draft_target", lambda: (drafter, params))
+    methods._truncated_teacher_draft.cache_clear()
+    try:
+        beam = methods.make_method(
+            "draft-target", SpecConfig(budget=16, depth=4), draft_top_k=3, draft_tree="beam"
+        )
+        with pytest.raises(ValueError, match="draft_tree must be one of"):
+            methods.make_method("draft-target", SpecConfig(budget=6), draft_tree="dynamic")
+    finally:
+        methods._truncated_teacher_draft.cache_clear()
+    assert beam.drafter.tree_shape == "beam"
+    assert beam.drafter.max_nodes == beam.spec.budget == 12  # three per level, four levels
+    ngram = methods.make_method("ngram", SpecConfig(budget=8, depth=4), draft_tree="beam")
+    assert ngram.spec.budget == 8  # other drafters ignore it

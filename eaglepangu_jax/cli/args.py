@@ -229,6 +229,7 @@ def method_of(
     default: bool,
     torch_threads: int | None = None,
     draft_top_k: int | None = None,
+    draft_tree: str | None = None,
 ) -> Method:
     """``make_method`` with its errors turned into a parser error."""
     try:
@@ -238,6 +239,7 @@ def method_of(
             default_depth=default,
             torch_threads=torch_threads,
             draft_top_k=draft_top_k,
+            draft_tree=draft_tree,
         )
     except (ValueError, DrafterUnavailableError) as err:
         parser.error(str(err))
@@ -246,7 +248,7 @@ def method_of(
 
 def add_tree_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
     """The options that shape a run's tree (``--max-new-tokens --budget --depth --draft-top-k
-    --policy``)."""
+    --draft-tree --policy``)."""
     p.add_argument(
         "--max-new-tokens",
         type=positive,
@@ -280,6 +282,15 @@ def add_tree_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None
         "K chains of up to --depth tokens share the --budget nodes (default: the draft's "
         f"own, {draft_target.DEFAULT_TOP_K} for draft-target, "
         f"{draft_distilled.DEFAULT_TOP_K} for draft-distilled); other drafters ignore it",
+    )
+    p.add_argument(
+        "--draft-tree",
+        choices=draft_target.TREE_SHAPES,
+        default=None,
+        help="tree shape of the draft-target drafters: 'chains' = --draft-top-k fixed chains "
+        "(default); 'beam' = a dynamic tree keeping the --draft-top-k best nodes per level "
+        "by cumulative draft log-probability, then the --budget best of them; other drafters "
+        "ignore it",
     )
     p.add_argument(
         "--policy",

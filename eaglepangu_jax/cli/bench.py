@@ -152,7 +152,9 @@ def run_bench_command(parser, args, teacher=None, renderer=None) -> int:
     device = backend_lib.torch_device(parser, args)
     _, default = args_lib.depth_of(args)
     methods = [
-        args_lib.method_of(parser, name, spec, default, args.torch_threads, args.draft_top_k)
+        args_lib.method_of(
+            parser, name, spec, default, args.torch_threads, args.draft_top_k, args.draft_tree
+        )
         for name in names
     ]
     if args.plot_dir is not None:

@@ -112,6 +112,7 @@ def run(parser, args, teacher=None, renderer=None) -> int:
             spec,
             default,
             draft_top_k=args.draft_top_k,
+            draft_tree=args.draft_tree,
         )
         args_lib.note(f"drafter: {name}")
 

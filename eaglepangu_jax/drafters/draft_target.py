@@ -26,10 +26,11 @@ A draft window (``DraftContext.start``) hides the old slots from every draft for
 cached before a token left the window keep what they saw then (as EAGLE-3's head does):
 recomputing the window each round would cost a prefill per round.
 
-**The tree** (SpecInfer-style, kept simple): ``top_k`` chains hang off the root, filled in
-rank order up to ``budget`` nodes (chain ``i`` gets ``min(depth, nodes left)``), each chain's
-nodes in consecutive slots, and no padding slot: the tree has :attr:`~DraftTargetDrafter.max_nodes`
-``+ 1`` slots. Example, ``depth = 3``, ``top_k = 2``, ``budget = 5``::
+**The tree**, ``tree_shape="chains"`` (SpecInfer-style, the default): ``top_k`` chains hang
+off the root, filled in rank order up to ``budget`` nodes (chain ``i`` gets
+``min(depth, nodes left)``), each chain's nodes in consecutive slots, and no padding slot: the
+tree has :attr:`~DraftTargetDrafter.max_nodes` ``+ 1`` slots. Example, ``depth = 3``,
+``top_k = 2``, ``budget = 5``::
 
     slot    0  1  2  3  4  5
     parent  0  0  1  2  0  4        chain 0: slots 1-3, chain 1 (the second child): 4-5
@@ -42,6 +43,18 @@ from) and :func:`eaglepangu_jax.verify.sample` applies the draft-target rejectio
 The drafter cannot see the engine's traced temperature: set :attr:`temperature` to the
 run's (``make_method`` does). Any value is lossless (``draft_probs`` is the law the
 children were really drawn from); a different one only accepts less.
+
+``tree_shape="beam"`` grows a dynamic tree instead (the EAGLE-2 idea applied to a draft
+model): the root's ``top_k`` best children form the first level; each further level feeds
+the ``top_k`` frontier nodes in one draft forward (each row reading only its own ancestors'
+scratch slots), and of their ``top_k x top_k`` children the ``top_k`` with the best
+cumulative log-probability become the next frontier, whichever parents they hang from. Of the
+``depth x top_k`` nodes grown, the ``budget`` best-scored are kept
+(:func:`eaglepangu_jax.tree.keep_best`: a child never outranks its parent, so the kept set is a
+tree). Where one branch is sure and another is not, the budget goes to the sure one's
+subtree, which fixed chains cannot do. The tree is deterministic (top-k at every node) under
+sampling too, and verified without ``draft_probs``: the rule for deterministic trees in
+:func:`eaglepangu_jax.verify.sample`, lossless for any tree.
 
 **Measured choice of k** (SmolLM2-135M-Instruct, 30 layers). Greedy acceptance on held-out
 text, teacher-forced and exact for greedy chains (288 positions: the teacher's greedy answers,
@@ -101,6 +114,7 @@ __all__ = [
     "DEFAULT_LAYERS",
     "DEFAULT_DEPTH",
     "DEFAULT_TOP_K",
+    "TREE_SHAPES",
     "PREFILL_CHUNK",
     "DraftTargetState",
     "DraftTargetDrafter",
@@ -115,6 +129,7 @@ __all__ = [
 DEFAULT_LAYERS = 28  # the truncated teacher's layers (see the measurement above)
 DEFAULT_DEPTH = 2
 DEFAULT_TOP_K = 2
+TREE_SHAPES = ("chains", "beam")  # see the module docstring
 
 
 @jax.tree_util.register_dataclass
@@ -168,6 +183,21 @@ def _chain_mask(
     return ((s >= start) & (rel < 0)) | own
 
 
+def _ancestry_mask(
+    ancestry: Bool[Array, "K M"],
+    committed: Int[Array, ""],
+    start: Int[Array, ""],
+    num_slots: int,
+) -> Bool[Array, "K S"]:
+    """Beam rows: row ``i`` reads the visible committed slots ``[start, committed)`` and the
+    scratch slots ``committed + j`` with ``ancestry[i, j]`` (its ancestors and itself)."""
+    s = jnp.arange(num_slots, dtype=jnp.int32)
+    rel = s - committed
+    scratch = (rel >= 0) & (rel < ancestry.shape[1])
+    own = ancestry[:, jnp.clip(rel, 0, ancestry.shape[1] - 1)] & scratch[None, :]
+    return ((s >= start) & (rel < 0))[None, :] | own
+
+
 _prefill = jax.jit(prefill, static_argnames=("config", "num_slots"))
 
 
@@ -188,7 +218,11 @@ class DraftTargetDrafter:
         engine lowers a larger run budget to it
         (:func:`~eaglepangu_jax.engine.drafter.fit_budget`).
       depth: chain length ``D``, the tree's maximum depth.
-      top_k: children of the root, each grown into a chain (1: a plain chain).
+      top_k: children of the root, each grown into a chain (1: a plain chain); with
+        ``tree_shape="beam"``, the frontier nodes kept per level.
+      tree_shape: ``"chains"`` (``top_k`` fixed chains) or ``"beam"`` (a dynamic tree, the
+        best ``top_k`` nodes per level by cumulative log-probability; deterministic, so
+        sampled runs verify it without ``draft_probs``). See the module docstring.
       temperature: 0 drafts greedily (argmax, no ``draft_probs``); > 0 samples the children
         from the draft's ``softmax(logits / temperature)`` (top-p filtered) and reports it.
       top_p: nucleus mass of the draft distribution when sampling.
@@ -204,9 +238,12 @@ class DraftTargetDrafter:
     top_k: int = DEFAULT_TOP_K
     temperature: float = 0.0
     top_p: float = 1.0
+    tree_shape: str = "chains"
 
     def __post_init__(self):
         check_compatible(self.config, self.teacher_config)
+        if self.tree_shape not in TREE_SHAPES:
+            raise ValueError(f"tree_shape must be one of {TREE_SHAPES}, got {self.tree_shape!r}")
         for field in ("budget", "depth", "top_k"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
@@ -224,8 +261,9 @@ class DraftTargetDrafter:
 
     @property
     def sampling(self) -> bool:
-        """Children are drawn from ``q`` (and reported as ``draft_probs``)."""
-        return self.temperature > 0.0
+        """Children are drawn from ``q`` (and reported as ``draft_probs``); a beam tree is
+        always grown deterministically."""
+        return self.temperature > 0.0 and self.tree_shape == "chains"
 
     def num_slots(self, capacity: int) -> int:
         """Draft cache slots for a ``capacity``-token buffer: the committed tokens plus the
@@ -269,7 +307,12 @@ class DraftTargetDrafter:
     def propose(
         self, params: Any, state: DraftTargetState, context: DraftContext, key: Array
     ) -> Proposal:
-        """``top_k`` chains of up to ``depth`` tokens from the root (see the module docstring)."""
+        """``top_k`` chains of up to ``depth`` tokens from the root, or a beam tree (see the
+        module docstring)."""
+        c = context.tokens.shape[0]
+        root = context.tokens[jnp.clip(context.num_tokens - 1, 0, c - 1)]
+        if self.tree_shape == "beam":
+            return Proposal(tree=self._beam_tree(params, state, context, root))
         first_key, step_key = jax.random.split(key)
         tokens, scores, q0 = self._children(state.logits, first_key)
         probs = None
@@ -279,8 +322,6 @@ class DraftTargetDrafter:
             scores = jnp.concatenate([scores[None], more_scores])
         else:
             tokens, scores = tokens[None], scores[None]
-        c = context.tokens.shape[0]
-        root = context.tokens[jnp.clip(context.num_tokens - 1, 0, c - 1)]
         tree = self._tree(root, tokens, scores)
         if not self.sampling:
             return Proposal(tree=tree)
@@ -294,6 +335,8 @@ class DraftTargetDrafter:
     @property
     def max_nodes(self) -> int:
         """Nodes of every tree it proposes, root excluded: ``min(budget, depth * top_k)``."""
+        if self.tree_shape == "beam":
+            return min(self.budget, self.depth * self.top_k)
         return sum(self.lengths)
 
     def _law(self, logits: Float[Array, "... V"]) -> Float[Array, "... V"]:
@@ -361,6 +404,60 @@ class DraftTargetDrafter:
         _, (ids, scores, probs) = jax.lax.scan(step, (state.cache, first), (levels, keys))
         return ids, scores, probs
 
+    def _beam_tree(
+        self, params: Any, state: DraftTargetState, context: DraftContext, root: Int[Array, ""]
+    ) -> tree_lib.Tree:
+        """The beam tree of ``max_nodes + 1`` slots (see the module docstring).
+
+        Level ``l``'s frontier sits at scratch slots ``committed + (l - 1) * K + i`` (the
+        chains' layout); ``ancestry[i]`` marks row ``i``'s ancestors-and-self among them, so a
+        row reads its own path only, whichever rows its ancestors were."""
+        width, slots = self.top_k, state.cache.num_slots
+        logp = _log_probs(state.logits[None])[0]
+        score, ids = jax.lax.top_k(logp, width)
+        levels = [(ids.astype(jnp.int32), score, jnp.zeros((width,), jnp.int32))]
+        if self.depth > 1:
+            committed = jnp.clip(context.num_tokens, 1, slots).astype(jnp.int32)
+            rows = jnp.arange(width, dtype=jnp.int32)
+            ancestry = jnp.zeros((width, self.depth * width), bool).at[rows, rows].set(True)
+
+            def step(carry, level):
+                cache, frontier, score, ancestry = carry
+                mask = _ancestry_mask(ancestry, committed, context.start, slots)
+                positions = jnp.full((width,), committed - 1 + level, jnp.int32)
+                cache = cache_lib.truncate(cache, committed + (level - 1) * width)
+                logits, _, cache = llama.forward(
+                    params, frontier, positions, cache, mask, config=self.config
+                )
+                child_score, child_ids = jax.lax.top_k(_log_probs(logits), width)  # [K, K]
+                total = (score[:, None] + child_score).reshape(-1)
+                best, pick = jax.lax.top_k(total, width)
+                parent = (pick // width).astype(jnp.int32)
+                ids = child_ids.reshape(-1)[pick].astype(jnp.int32)
+                ancestry = ancestry[parent].at[rows, level * width + rows].set(True)
+                return (cache, ids, best, ancestry), (ids, best, parent)
+
+            carry = (state.cache, levels[0][0], score, ancestry)
+            _, grown = jax.lax.scan(step, carry, jnp.arange(1, self.depth, dtype=jnp.int32))
+            levels += [tuple(x[d] for x in grown) for d in range(self.depth - 1)]
+        tokens = jnp.concatenate([root[None].astype(jnp.int32)] + [t for t, _, _ in levels])
+        scores = jnp.concatenate([jnp.zeros((1,), jnp.float32)] + [s for _, s, _ in levels])
+        # Level l's parent row p sits at slot 1 + (l - 2) * K + p; level 1 hangs off the root.
+        parents = jnp.concatenate(
+            [jnp.zeros((1 + width,), jnp.int32)]
+            + [1 + d * width + p for d, (_, _, p) in enumerate(levels[1:])]
+        )
+        valid = jnp.isfinite(scores)  # a -inf or NaN path is padding, and so is all below it
+        full = tree_lib.from_parents(
+            parents,
+            tokens=tokens,
+            valid=valid,
+            logscore=jnp.where(valid, scores, -jnp.inf),
+            max_depth=self.depth,
+        )
+        kept = tree_lib.keep_best(full, self.max_nodes)
+        return jax.tree_util.tree_map(lambda x: x[: self.max_nodes + 1], kept)
+
     def _tree(
         self, root: Int[Array, ""], tokens: Int[Array, "D K"], scores: Float[Array, "D K"]
     ) -> tree_lib.Tree:
@@ -392,6 +489,12 @@ class DraftTargetDrafter:
         return jnp.concatenate([q0[None], per_level[level - 1, chain]])
 
 
+def _log_probs(logits: Float[Array, "K V"]) -> Float[Array, "K V"]:
+    """Row-wise log-softmax with NaN read as ``-inf`` (a NaN row ranks nothing)."""
+    logp = jax.nn.log_softmax(jnp.nan_to_num(logits, nan=-jnp.inf), axis=-1)
+    return jnp.where(jnp.isnan(logp), -jnp.inf, logp)
+
+
 def load_draft_target(
     teacher_params: dict | None = None,
     *,
@@ -402,6 +505,7 @@ def load_draft_target(
     top_k: int = DEFAULT_TOP_K,
     temperature: float = 0.0,
     top_p: float = 1.0,
+    tree_shape: str = "chains",
 ) -> tuple[DraftTargetDrafter, dict]:
     """The training-free draft: the real teacher truncated to ``layers`` layers.
 
@@ -410,7 +514,7 @@ def load_draft_target(
         ``None``.
       teacher_config: their config (default: the loaded teacher's, else SmolLM2-135M's).
       layers: the draft's depth in teacher layers.
-      budget, depth, top_k, temperature, top_p: the drafter's settings.
+      budget, depth, top_k, temperature, top_p, tree_shape: the drafter's settings.
 
     Returns:
       ``(drafter, params)``, the params in the prepared layout.
@@ -430,5 +534,6 @@ def load_draft_target(
         top_k=top_k,
         temperature=temperature,
         top_p=top_p,
+        tree_shape=tree_shape,
     )
     return drafter, llama.prepare_params(params)

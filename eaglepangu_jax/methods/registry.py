@@ -159,23 +159,30 @@ def _truncated_teacher_draft() -> tuple[Any, Any]:
         ) from err
 
 
-def load_truncated_draft(spec: SpecConfig, *, top_k: int | None = None) -> tuple[Any, Any]:
+def load_truncated_draft(
+    spec: SpecConfig, *, top_k: int | None = None, tree_shape: str | None = None
+) -> tuple[Any, Any]:
     """The draft-target drafter on the real teacher truncated to
     :data:`~eaglepangu_jax.drafters.draft_target.DEFAULT_LAYERS` layers, and its weights,
     set up for ``spec``: its budget and depth, and when ``spec`` samples its temperature and
     top-p (the drafter cannot read the engine's traced values; any is lossless, the run's
-    accepts most); ``top_k`` root children when given (else its measured default)."""
+    accepts most); ``top_k`` root children and ``tree_shape`` when given (else its
+    defaults)."""
     drafter, params = _truncated_teacher_draft()
-    return _draft_target_for(drafter, spec, top_k), params
+    return _draft_target_for(drafter, spec, top_k, tree_shape), params
 
 
-def _draft_target_for(drafter: Any, spec: SpecConfig, top_k: int | None) -> Any:
+def _draft_target_for(
+    drafter: Any, spec: SpecConfig, top_k: int | None, tree_shape: str | None = None
+) -> Any:
     """A draft-target drafter set up for ``spec`` (see :func:`load_truncated_draft`)."""
     changes: dict[str, Any] = dict(budget=spec.budget, depth=spec.depth)
     if spec.sampling:
         changes.update(temperature=spec.temperature, top_p=spec.top_p)
     if top_k is not None:
         changes.update(top_k=top_k)
+    if tree_shape is not None:
+        changes.update(tree_shape=tree_shape)
     return dataclasses.replace(drafter, **changes)
 
 
@@ -187,6 +194,7 @@ def make_method(
     eagle3_loader: Callable[[], tuple[Any, Any]] | None = None,
     torch_threads: int | None = None,
     draft_top_k: int | None = None,
+    draft_tree: str | None = None,
 ) -> Method:
     """Build a benchmark method; ``spec``'s budget and depth configure the drafter.
 
@@ -206,19 +214,29 @@ def make_method(
       draft_top_k: the draft-target drafters' root children (``top_k`` chains sharing the
         budget; ``None``: each draft's default). Other methods have no such setting and
         ignore it, so one value can serve a whole method list.
+      draft_tree: the draft-target drafters' tree shape, ``"chains"`` or ``"beam"``
+        (:class:`~eaglepangu_jax.drafters.draft_target.DraftTargetDrafter`; ``None``: chains);
+        ignored by the other methods, like ``draft_top_k``.
 
     Raises:
-      ValueError: unknown name, a depth above the drafter's maximum, or ``draft_top_k < 1``.
+      ValueError: unknown name, a depth above the drafter's maximum, ``draft_top_k < 1`` or
+        an unknown ``draft_tree``.
       DrafterUnavailableError: a shipped drafter was asked for and cannot be loaded, or a peer
         whose packages are not installed.
     """
     if draft_top_k is not None and draft_top_k < 1:
         raise ValueError(f"draft_top_k must be >= 1, got {draft_top_k}")
+    if draft_tree is not None and draft_tree not in draft_target.TREE_SHAPES:
+        raise ValueError(
+            f"draft_tree must be one of {draft_target.TREE_SHAPES}, got {draft_tree!r}"
+        )
     entry = name
     name, depth = split_method(entry)
     if depth is not None:
         spec, default_depth = dataclasses.replace(spec, depth=depth), False
-    method = _make_method(name, spec, default_depth, eagle3_loader, torch_threads, draft_top_k)
+    method = _make_method(
+        name, spec, default_depth, eagle3_loader, torch_threads, draft_top_k, draft_tree
+    )
     return method if entry == name else dataclasses.replace(method, name=entry)
 
 
@@ -229,6 +247,7 @@ def _make_method(
     eagle3_loader: Callable[[], tuple[Any, Any]] | None,
     torch_threads: int | None,
     draft_top_k: int | None,
+    draft_tree: str | None,
 ) -> Method:
     if name == REFERENCE:
         return Method(name=name, spec=spec)
@@ -252,12 +271,12 @@ def _make_method(
     elif name == DRAFT_TARGET:
         if default_depth:
             spec = dataclasses.replace(spec, depth=draft_target.DEFAULT_DEPTH)
-        drafter, params = load_truncated_draft(spec, top_k=draft_top_k)
+        drafter, params = load_truncated_draft(spec, top_k=draft_top_k, tree_shape=draft_tree)
     elif name == DRAFT_DISTILLED:
         drafter, params = load_shipped(name)
         if default_depth:
             spec = dataclasses.replace(spec, depth=drafter.depth)
-        drafter = _draft_target_for(drafter, spec, draft_top_k)
+        drafter = _draft_target_for(drafter, spec, draft_top_k, draft_tree)
     else:  # split_method refused every other name
         raise AssertionError(name)
     if spec.depth > drafter.max_depth:
