@@ -563,3 +563,15 @@ def test_the_tree_shape_is_checked_and_wired(teacher, monkeypatch):
     assert beam.drafter.max_nodes == beam.spec.budget == 12  # three per level, four levels
     ngram = methods.make_method("ngram", SpecConfig(budget=8, depth=4), draft_tree="beam")
     assert ngram.spec.budget == 8  # other drafters ignore it
+
+
+def test_the_command_line_offers_the_tree_shape(capsys):
+    from eaglepangu_jax.cli.app import build_parser
+
+    parser = build_parser()
+    bench = ["bench", "--suite", "dev", "--json", "out.json", "--draft-tree", "beam"]
+    assert parser.parse_args(bench).draft_tree == "beam"
+    assert parser.parse_args(["generate", "Hi."]).draft_tree is None  # chains
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "Hi.", "--draft-tree", "dynamic"])
+    assert "invalid choice: 'dynamic'" in capsys.readouterr().err
