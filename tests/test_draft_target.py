@@ -18,6 +18,7 @@ from scipy.stats import chisquare
 
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.cache import KVCache
+from eaglepangu_jax.calibration import curve
 from eaglepangu_jax.drafters import draft_target, registry
 from eaglepangu_jax.drafters.draft_target import (
     DraftTargetDrafter,
@@ -561,6 +562,13 @@ def test_the_tree_shape_is_checked_and_wired(teacher, monkeypatch):
         methods._truncated_teacher_draft.cache_clear()
     assert beam.drafter.tree_shape == "beam"
     assert beam.drafter.max_nodes == beam.spec.budget == 12  # three per level, four levels
+    # Its drafting cost is calibrated apart from chains of the same budget and depth.
+    assert curve.draft_cost_key(beam) == "draft-target:budget=12,depth=4,beam=3"
+    chains = dataclasses.replace(beam, drafter=dataclasses.replace(beam.drafter, top_k=3))
+    chains = dataclasses.replace(
+        chains, drafter=dataclasses.replace(chains.drafter, tree_shape="chains")
+    )
+    assert curve.draft_cost_key(chains) == "draft-target:budget=12,depth=4"
     ngram = methods.make_method("ngram", SpecConfig(budget=8, depth=4), draft_tree="beam")
     assert ngram.spec.budget == 8  # other drafters ignore it
 

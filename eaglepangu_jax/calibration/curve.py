@@ -200,8 +200,13 @@ def draft_cost_key(method: methods_lib.Method) -> str:
     """The calibration's name for ``method``'s drafting cost: the method and the tree shape it
     drafts. One drafter class drafts at very different costs: the EAGLE-3 head proposing 8
     nodes to depth 6 against the same head as MTP (one node), so a cost measured for one
-    shape must not be read for another."""
-    return f"{method.name}:budget={method.spec.budget},depth={method.spec.depth}"
+    shape must not be read for another. A draft-target beam tree also names its width: it
+    drafts ``top_k`` rows per level where chains of the same budget and depth may draft
+    fewer."""
+    key = f"{method.name}:budget={method.spec.budget},depth={method.spec.depth}"
+    if getattr(method.drafter, "tree_shape", "chains") == "beam":
+        key += f",beam={method.drafter.top_k}"
+    return key
 
 
 def method_costs(
