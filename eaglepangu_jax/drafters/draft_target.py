@@ -166,21 +166,13 @@ def tree_layout(lengths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.nd
     return np.asarray(chain, np.int32), np.asarray(level, np.int32), np.asarray(parents, np.int32)
 
 
-def _chain_mask(
-    width: int,
-    committed: Int[Array, ""],
-    level: Int[Array, ""],
-    start: Int[Array, ""],
-    num_slots: int,
-) -> Bool[Array, "K S"]:
-    """Draft step ``level``: chain ``i``'s node reads the visible committed slots
-    ``[start, committed)`` and its own chain, whose level-``e`` node sits at scratch slot
-    ``committed + (e - 1) * width + i``."""
-    s = jnp.arange(num_slots, dtype=jnp.int32)[None, :]
-    rel = s - committed
+def _chain_ancestry(width: int, level: Int[Array, ""], size: int) -> Bool[Array, "K M"]:
+    """Draft step ``level`` of ``width`` chains: chain ``i``'s nodes so far, among the
+    ``size`` scratch slots (its level-``e`` node sits at ``(e - 1) * width + i``), for
+    :func:`_ancestry_mask`."""
+    j = jnp.arange(size, dtype=jnp.int32)[None, :]
     chain = jnp.arange(width, dtype=jnp.int32)[:, None]
-    own = (rel >= 0) & (rel < level * width) & (rel % width == chain)
-    return ((s >= start) & (rel < 0)) | own
+    return (j < level * width) & (j % width == chain)
 
 
 def _ancestry_mask(
@@ -189,8 +181,9 @@ def _ancestry_mask(
     start: Int[Array, ""],
     num_slots: int,
 ) -> Bool[Array, "K S"]:
-    """Beam rows: row ``i`` reads the visible committed slots ``[start, committed)`` and the
-    scratch slots ``committed + j`` with ``ancestry[i, j]`` (its ancestors and itself)."""
+    """A draft step's mask (chains and beam rows alike): row ``i`` reads the visible committed
+    slots ``[start, committed)`` and the scratch slots ``committed + j`` with
+    ``ancestry[i, j]`` (its ancestors and itself)."""
     s = jnp.arange(num_slots, dtype=jnp.int32)
     rel = s - committed
     scratch = (rel >= 0) & (rel < ancestry.shape[1])
@@ -350,7 +343,7 @@ class DraftTargetDrafter:
         sequential draws without replacement, in draw order; their log-probabilities."""
         k = len(self.lengths)
         if not self.sampling:
-            logp = jax.nn.log_softmax(jnp.nan_to_num(logits, nan=-jnp.inf))
+            logp = _log_probs(logits)
             score, ids = jax.lax.top_k(logp, k)
             return ids.astype(jnp.int32), score, None
         q = self._law(logits)
@@ -391,7 +384,8 @@ class DraftTargetDrafter:
             cache, frontier = carry
             level, step_key = xs
             at = committed + (level - 1) * width  # this level's scratch slots
-            mask = _chain_mask(width, committed, level, context.start, slots)
+            ancestry = _chain_ancestry(width, level, steps * width)
+            mask = _ancestry_mask(ancestry, committed, context.start, slots)
             positions = jnp.full((width,), committed - 1 + level, jnp.int32)
             cache = cache_lib.truncate(cache, at)
             logits, _, cache = llama.forward(
