@@ -261,6 +261,38 @@ def test_anchors_lie_in_the_answer_region_and_targets_follow_them():
     assert tg.tolist() == [[7, 8, 9], [-1, -1, -1]]
 
 
+def test_a_time_limit_ends_the_run_at_an_evaluated_checkpoint_that_resumes(tmp_path):
+    """--time-limit: the step that passes the limit is the last; it is evaluated and
+    checkpointed as the end of a run is, and resuming continues the same curve."""
+    cfg, vocab, batches, embed = _fake_setup()
+    tc = train_lib.TrainConfig(
+        steps=12, batch_size=3, seq_len=16, anchors=6, warmup_steps=2, checkpoint_every=5
+    )
+    _, full = train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP, progress=False)
+    ckpt, seen = tmp_path / "run", []
+    _, cut = train_lib.train(
+        batches,
+        cfg,
+        vocab,
+        embed,
+        tc,
+        fingerprint=FP,
+        checkpoint=ckpt,
+        progress=False,
+        monitor=lambda step, head: seen.append(step),
+        monitor_every=5,
+        time_limit=1e-9,  # passed by the first step
+    )
+    assert len(cut) == 1 and seen == [1]
+    assert checkpoint_lib.load_checkpoint(ckpt, fingerprint=FP)[3]["step"] == 1
+    _, resumed = train_lib.train(
+        batches, cfg, vocab, embed, tc, fingerprint=FP, checkpoint=ckpt, progress=False
+    )
+    np.testing.assert_allclose(resumed, full, rtol=1e-5)
+    with pytest.raises(ValueError, match="time_limit must be > 0"):
+        train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP, time_limit=0.0)
+
+
 def test_training_learns_is_deterministic_and_resumes_to_the_same_curve(tmp_path):
     cfg, vocab, batches, embed = _fake_setup()
     tc = train_lib.TrainConfig(

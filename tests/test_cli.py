@@ -332,3 +332,10 @@ def test_global_options_may_precede_train_draft(no_compile_cache, capsys):
     with pytest.raises(SystemExit) as exc:
         cli_main.main(["--no-compile-cache", "train-draft", "--kind", "medusa", "--out", "x"])
     assert exc.value.code == 2 and "medusa" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("limit", ["0", "-5"])
+def test_train_draft_refuses_a_time_limit_that_is_not_positive(limit, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["train-draft", "--out", str(tmp_path / "x"), "--time-limit", limit])
+    assert exc.value.code == 2 and "--time-limit must be > 0" in capsys.readouterr().err

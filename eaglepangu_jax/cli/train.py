@@ -140,6 +140,15 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         "whose held-out loss still fell when its schedule ended. A checkpoint at --out is "
         "resumed instead",
     )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop training after the step that passes this many seconds, counted from the "
+        "first step (the teacher features are made before), then evaluate, checkpoint and export "
+        "as at the end; the schedule still spans --steps. For machines lent for a fixed time",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ray-address", default=None)
     args = parser.parse_args(argv)
@@ -165,6 +174,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error(f"--soft-targets must be in (0, 1], got {args.soft_targets}")
     if args.soft_top_k < 1:
         parser.error(f"--soft-top-k must be >= 1, got {args.soft_top_k}")
+    if args.time_limit is not None and not args.time_limit > 0:
+        parser.error(f"--time-limit must be > 0 seconds, got {args.time_limit}")
     if args.holdout_shards < 0:
         parser.error(f"--holdout-shards must be >= 0, got {args.holdout_shards}")
     if args.train_shards is not None:
@@ -312,9 +323,12 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         initial_head=initial_head,
         monitor=monitor if evaluating else None,
         monitor_every=args.eval_every,
+        time_limit=args.time_limit,
     )
+    if len(losses) < cfg.steps:
+        print(f"--time-limit {args.time_limit:g} s reached after step {len(losses)}")
     extra = {
-        "step": cfg.steps,
+        "step": len(losses),
         "final_loss": losses[-1],
         "train": dataclasses.asdict(cfg),
         "loss_every_10_steps": losses[::10],

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -450,6 +451,7 @@ def train(
     until: int | None = None,
     monitor: Callable[[int, dict], None] | None = None,
     monitor_every: int = 100,
+    time_limit: float | None = None,
 ) -> tuple[dict, list[float]]:
     """Train a head of ``config``'s kind; returns ``(head, losses)``.
 
@@ -462,7 +464,14 @@ def train(
         ``cfg.steps``, so a later call resumes the same run from the checkpoint.
       monitor: called as ``monitor(step, head)`` every ``monitor_every`` steps and after the
         last one (held-out evaluation, keeping the best head).
+      time_limit: seconds of training (counted from the first step); the step that passes it
+        is the last one, evaluated and checkpointed like the end of the run. For leases of
+        fixed length: the schedule still spans ``cfg.steps`` (so the learning rate has not
+        decayed to its floor when the limit cuts it), and the returned losses say how many
+        steps ran.
     """
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit must be > 0 seconds, got {time_limit}")
     kind = kind_of(config)
     embed = jnp.asarray(embed, jnp.float32)
     d2t = jnp.asarray(vocab.d2t)
@@ -518,6 +527,7 @@ def train(
         bar = tqdm(steps, desc=kind.name, initial=start, total=cfg.steps)
         steps = bar
     num = batches.tokens.shape[0]
+    began = time.monotonic()
     for step in steps:
         rows = batch_indices(step, num, cfg)
         arrays = tuple(jnp.asarray(a) for a in kind.arrays(batches, rows, step, cfg, config))
@@ -526,9 +536,11 @@ def train(
         if bar is not None:
             bar.set_postfix(loss=f"{losses[-1]:.3f}", acc0=f"{float(accs[0]):.3f}")
         done = step + 1
-        if monitor is not None and (done % monitor_every == 0 or done == stop):
+        out_of_time = time_limit is not None and time.monotonic() - began >= time_limit
+        last = done == stop or out_of_time
+        if monitor is not None and (done % monitor_every == 0 or last):
             monitor(done, head)
-        if checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == stop):
+        if checkpoint is not None and (done % cfg.checkpoint_every == 0 or last):
             save_checkpoint(
                 checkpoint,
                 head,
@@ -543,6 +555,10 @@ def train(
                     "vocab_coverage": vocab.coverage,
                 },
             )
+        if out_of_time:
+            break
+    if bar is not None:
+        bar.close()
     return head, losses
 
 
