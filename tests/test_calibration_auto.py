@@ -239,3 +239,17 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(
         auto.ensure_calibration(teacher, methods, path=path, progress=False)
     assert path.read_bytes() == before
     only_the_file(path)
+
+
+def test_nothing_is_measured_when_no_method_runs_under_the_controller(
+    teacher, measured, tmp_path, no_measuring
+):
+    """Greedy, a fixed policy (``--policy drafter``) or a peer read no costs: no calibration
+    is measured or written for them; a usable saved one is still returned."""
+    fixed = make_method("ngram", dataclasses.replace(SPEC, policy="drafter"))
+    assert auto.controlled_methods([fixed]) == {}
+    path = tmp_path / "none" / "cal.json"
+    assert auto.ensure_calibration(teacher, {}, path=path, progress=False) is None
+    assert not path.parent.exists()
+    saved = copy_of(measured, tmp_path)
+    assert auto.ensure_calibration(teacher, {}, path=saved, progress=False) == measured[1]

@@ -69,21 +69,28 @@ def ensure_calibration(
     *,
     path: str | os.PathLike | None = None,
     progress: bool = True,
-) -> MachineCalibration:
-    """This machine's calibration, measured now if there is no usable saved one.
+) -> MachineCalibration | None:
+    """This machine's calibration, measured now if there is no usable saved one and some
+    method runs under the ``"auto"`` controller.
 
     Args:
       teacher: the model the runs use (its fingerprint must match the saved file's).
-      methods: drafter name -> a method using it; their drafting costs must be in the
-        calibration (measured now if missing).
+      methods: drafter name -> a method using it (see :func:`controlled_methods`); their
+        drafting costs must be in the calibration (measured now if missing). None: no run
+        reads a calibration, so nothing is measured.
       path: the calibration file (default: :func:`~.store.default_path`).
       progress: show a progress bar on stderr while measuring.
 
     Returns:
-      The calibration, saved at ``path``.
+      The calibration, saved at ``path``; with no ``methods``, the usable saved one or None.
     """
     target = Path(path) if path is not None else default_path()
     calibration = usable_calibration(teacher.config, path=target, dtype=dtype_name(teacher))
+    if not methods:
+        # Only the controller weighs costs (see curve.method_costs): greedy, a fixed policy
+        # such as --policy drafter, or a peer's runner would wait minutes for nothing (on a
+        # fresh GPU machine the whole benchmark's time went to it).
+        return calibration
     budget = max((m.spec.budget for m in methods.values()), default=8)
     if calibration is None:
         _say(f"calibrating this machine for the 'auto' controller (once; saved to {target})")
