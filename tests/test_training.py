@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import jax
 import numpy as np
@@ -37,6 +38,40 @@ def test_prompts_are_deterministic_and_mixed():
     # Prompt text is hashed into shard keys: no run-dependent object addresses in it.
     assert not any(" at 0x" in p for p in prompts_lib.code_prompts())
     assert prompts_lib.training_prompts(300)[:30] == a  # a prefix of a longer set
+
+
+def test_code_prompts_are_stored_not_read_from_the_running_python(monkeypatch):
+    """The corpus keys hash the prompts: they must not follow the Python version's docstrings
+    (Python 3.12 made other shards of the shipped corpus). The stored list is what the
+    stdlib gives under the Python it was made with."""
+    stored = prompts_lib.code_prompts()
+    assert len(stored) > 100 and len(set(stored)) == len(stored)
+    assert all(p.startswith("Write a Python function `") for p in stored)
+    expected = prompts_lib.training_prompts(60)
+
+    def refuse():
+        raise AssertionError("the running Python's docstrings were read")
+
+    monkeypatch.setattr(prompts_lib, "code_prompts_from_stdlib", refuse)
+    assert prompts_lib.training_prompts(60) == expected
+    assert [p for p in expected if p.startswith("Write a Python")] == [
+        p for p in expected if p in set(stored)
+    ]
+
+
+@pytest.mark.skipif(
+    sys.version_info[:2] != (3, 11), reason="the stored prompts were made with Python 3.11"
+)
+def test_stored_code_prompts_equal_the_stdlib_of_the_python_that_made_them():
+    assert prompts_lib.code_prompts() == prompts_lib.code_prompts_from_stdlib()
+
+
+def test_unreadable_stored_code_prompts_are_refused_clearly(tmp_path, monkeypatch):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / prompts_lib.CODE_PROMPTS_FILE).write_text('{"prompts": [1, 2]}')
+    monkeypatch.setattr(prompts_lib.resources, "files", lambda package: tmp_path)
+    with pytest.raises(ValueError, match="unreadable stored code prompts.*not a list of str"):
+        prompts_lib.code_prompts()
 
 
 def test_pipeline_skips_present_shards_and_regenerates_corrupt_ones(

@@ -11,16 +11,21 @@ Recipe (deterministic, no network, no evaluation data):
   ``"Write a Python function `name(signature)` that <docstring>"``. HumanEval problems are
   hand-written puzzles, not stdlib re-implementations.
 
-Both lists are interleaved and shuffled with a fixed seed, so ``training_prompts(n)`` is a pure
-function of ``n`` and ``seed`` (and of the Python version, for the docstrings): the prompt set
-is hashed into the data shards' keys, so a different Python version simply makes new shards.
+The code tasks are read from ``data/code_prompts.json``, made once with
+:func:`code_prompts_from_stdlib` under Python 3.11: docstrings and signatures change between
+Python versions, and the prompts are hashed into the corpus shards' keys, so building them
+afresh made another corpus on another Python (a GPU machine with Python 3.12 answered new
+shards instead of extending the shipped corpus). Both lists are interleaved and shuffled with a
+fixed seed, so ``training_prompts(n)`` is a pure function of ``n`` and ``seed``.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import random
+from importlib import resources
 
 __all__ = [
     "TOPICS",
@@ -28,6 +33,8 @@ __all__ = [
     "CODE_MODULES",
     "chat_prompts",
     "code_prompts",
+    "CODE_PROMPTS_FILE",
+    "code_prompts_from_stdlib",
     "training_prompts",
 ]
 
@@ -133,8 +140,27 @@ def _signature(fn) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+CODE_PROMPTS_FILE = "code_prompts.json"
+
+
 def code_prompts() -> list[str]:
-    """Tasks made from the docstrings of public standard-library functions."""
+    """The stored tasks made from standard-library docstrings (see the module docstring)."""
+    path = resources.files("eaglepangu_jax") / "data" / CODE_PROMPTS_FILE
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        prompts = stored["prompts"]
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise ValueError("'prompts' is not a list of strings")
+    except (OSError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"{path}: unreadable stored code prompts ({err}); reinstall the package"
+        ) from err
+    return prompts
+
+
+def code_prompts_from_stdlib() -> list[str]:
+    """Tasks made from the docstrings of public standard-library functions of the running
+    Python (how ``data/code_prompts.json`` was made; another Python version gives others)."""
     out = []
     for module_name in CODE_MODULES:
         module = importlib.import_module(module_name)
