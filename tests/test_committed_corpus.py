@@ -1,8 +1,9 @@
-"""The corpora committed in the package (the synthesised one, the answers to the written
-training conversations, and the synthesised corpus as a GPU machine with Python 3.12 remade its
-first 30 shards, on which the shipped EAGLE-3 head was last trained): every shard the manifest lists is on disk with the recorded sha256 and
-counts, the totals and the held-out split follow the plan, they were answered by the shipped
-teacher, and no prompt quotes an evaluation suite."""
+"""The corpora committed in the package (the synthesised one; the answers to the written
+training conversations; and corpus-h200, the synthesised corpus's first 30 shards as a GPU
+machine with Python 3.12 remade them, on which the shipped EAGLE-3 head was last trained): every
+shard the manifest lists is on disk with the recorded sha256 and counts, the totals and the
+held-out split follow the plan, they were answered by the shipped teacher, and no prompt quotes
+an evaluation suite."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from eaglepangu_jax.evaluation.suites import evaluation_texts, written_prompts
 from eaglepangu_jax.files import sha256_file
 from eaglepangu_jax.training import corpus as corpus_lib
 from eaglepangu_jax.training import distill, synth
-
 
 H200_DIR = DEFAULT_DIR.parent / "corpus-h200"
 ALL = pytest.mark.parametrize(

@@ -102,6 +102,64 @@ def test_propose_gives_a_valid_tree_under_jit_even_with_nan(tiny, poison):
         assert valid.tolist() == [True] + [False] * 10
 
 
+def _propose(drafter, params, ctx):
+    state = drafter.init_state(params, ctx)
+    return jax.jit(drafter.propose)(params, state, ctx, jax.random.key(0)).tree
+
+
+def _by_depth(tree):
+    """The node tokens of each depth, as sets (slot order is the drafter's business)."""
+    tokens, depth, valid = (np.asarray(x) for x in (tree.tokens, tree.depth, tree.valid))
+    return [set(tokens[(depth == d) & valid].tolist()) for d in range(1, int(depth.max()) + 1)]
+
+
+def test_a_depth_temperature_of_one_changes_nothing_and_others_keep_the_root_children(tiny):
+    cfg, _, head_cfg, params = tiny
+    drafter = eagle3.Eagle3Drafter(config=head_cfg, budget=10, depth=4, top_k=3)
+    ctx = _context(cfg, head_cfg)
+    raw = _propose(drafter, params, ctx)
+    same = _propose(drafter, eagle3.with_depth_temperature(params, [1.0]), ctx)
+    for a, b in zip(jax.tree_util.tree_leaves(raw), jax.tree_util.tree_leaves(same)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # A temperature keeps each level's ranking, so the root's top-k candidates stay the same
+    # tokens (a tree wide enough to keep every candidate shows them all); which candidates the
+    # budget keeps may change. Scores along paths still never rise, and a per-depth vector is
+    # read depth by depth.
+    wide = eagle3.Eagle3Drafter(config=head_cfg, budget=30, depth=4, top_k=3)
+    candidates = _by_depth(_propose(wide, params, ctx))[0]
+    assert len(candidates) == 3
+    for temperature in ([3.0], [0.5, 2.0, 4.0]):
+        tuned = eagle3.with_depth_temperature(params, temperature)
+        assert _by_depth(_propose(wide, tuned, ctx))[0] == candidates
+        hot = _propose(drafter, tuned, ctx)
+        assert bool(tree_lib.is_valid(hot))
+        assert _by_depth(hot)[0] <= candidates
+        parents, score = np.asarray(hot.parents), np.asarray(hot.logscore)
+        assert all(score[i] <= score[parents[i]] for i in range(1, 11))
+        assert not np.allclose(np.asarray(hot.logscore), np.asarray(raw.logscore))
+
+
+def test_depth_temperature_is_validated_and_read_from_the_shipped_calibration(tiny, monkeypatch):
+    _, params, head_cfg, dparams = tiny
+    for bad in ([], [0.0], [1.0, -2.0], [float("nan")]):
+        with pytest.raises(ValueError, match="depth_temperature"):
+            eagle3.with_depth_temperature(dparams, bad)
+    from eaglepangu_jax.drafters import shipped
+
+    def packaged(meta):
+        head, d2t = dparams["head"], dparams["d2t"]
+        return lambda *args: (head_cfg, head, d2t, params["embed"], meta)
+
+    monkeypatch.setattr(shipped, "load_packaged", packaged({}))
+    _, plain = eagle3.load_shipped_eagle3(params)
+    assert "depth_temperature" not in plain
+    monkeypatch.setattr(
+        shipped, "load_packaged", packaged({"calibration": {"depth_temperature": [1.5, 2.0]}})
+    )
+    _, tuned = eagle3.load_shipped_eagle3(params)
+    assert np.asarray(tuned["depth_temperature"]).tolist() == [1.5, 2.0]
+
+
 def test_registered_and_validates():
     assert DRAFTERS["eagle3"] is eagle3.Eagle3Drafter
     head_cfg = eagle3.Eagle3Config.for_teacher(LlamaConfig.tiny(), 8)

@@ -54,7 +54,14 @@ from eaglepangu_jax.drafters.eagle3_head import (  # noqa: F401  (re-exported: t
 )
 from eaglepangu_jax.engine.drafter import DraftContext, FeatureHeadDrafter, Proposal
 
-__all__ = ["Eagle3Config", "Eagle3State", "Eagle3Drafter", "SHIPPED_NAME", "load_shipped_eagle3"]
+__all__ = [
+    "Eagle3Config",
+    "Eagle3State",
+    "Eagle3Drafter",
+    "SHIPPED_NAME",
+    "load_shipped_eagle3",
+    "with_depth_temperature",
+]
 
 
 @jax.tree_util.register_dataclass
@@ -152,7 +159,15 @@ class Eagle3Drafter(FeatureHeadDrafter):
         first = jnp.maximum(state.first, context.start)
         committed = (s >= first) & (s < state.length)  # [C]
 
-        logp = safe_log_softmax(draft_logits(head, cfg, state.last_hidden[None, :])[0])
+        temperature = params.get("depth_temperature")
+
+        def log_probs(hidden, d):  # the marginals of tree depth d + 1 (d = 0: root children)
+            logits = draft_logits(head, cfg, hidden)
+            if temperature is not None:  # calibrated (absent: the raw marginals)
+                logits = logits / temperature[min(d, temperature.shape[0] - 1)]
+            return safe_log_softmax(logits)
+
+        logp = log_probs(state.last_hidden[None, :], 0)[0]
         score, ids = jax.lax.top_k(logp, kk)
         pool_score, pool_token, pool_parent = [score], [d2t[ids]], [jnp.zeros((kk,), jnp.int32)]
         # The frontier: pool index, token, score and the hidden its slot reads as a feature.
@@ -187,7 +202,7 @@ class Eagle3Drafter(FeatureHeadDrafter):
                 mask,
             )
             h = finish(head, cfg, f_hidden, attn)
-            logp = safe_log_softmax(draft_logits(head, cfg, h))  # [K, Vd]
+            logp = log_probs(h, d)  # [K, Vd]
             child_score, child_ids = jax.lax.top_k(logp, kk)  # [K, K]
             cand = (f_score[:, None] + child_score).reshape(-1)
             cand = jnp.where(jnp.isnan(cand), -jnp.inf, cand)
@@ -257,6 +272,23 @@ class Eagle3Drafter(FeatureHeadDrafter):
         )
 
 
+def with_depth_temperature(params: dict, temperature) -> dict:
+    """``params`` whose draft marginals at tree depth ``d + 1`` are
+    ``softmax(logits / temperature[min(d, len - 1)])`` (one entry: one temperature for all).
+
+    The best-first tree ranks nodes by the product of these marginals along their paths, so a
+    head trained with hard targets until it is overconfident (a long run on a small corpus)
+    spends the budget on its top-1 chain even where the alternatives are often right. A
+    temperature keeps every argmax: the top-1 chain is unchanged, the rest of the tree moves.
+    """
+    temperature = jnp.asarray(temperature, jnp.float32).reshape(-1)
+    if temperature.shape[0] < 1:
+        raise ValueError("depth_temperature needs at least one entry")
+    if not bool(jnp.all(jnp.isfinite(temperature) & (temperature > 0))):
+        raise ValueError(f"depth_temperature must be finite and > 0, got {temperature}")
+    return {**params, "depth_temperature": temperature}
+
+
 SHIPPED_NAME = "eagle3_smollm2"
 
 
@@ -275,6 +307,10 @@ def load_shipped_eagle3(
     """
     from eaglepangu_jax.drafters.shipped import load_packaged
 
-    config, head, d2t, embed, _ = load_packaged(SHIPPED_NAME, "eagle3", teacher_params)
+    config, head, d2t, embed, meta = load_packaged(SHIPPED_NAME, "eagle3", teacher_params)
     drafter = Eagle3Drafter(config=config, budget=budget, depth=depth, top_k=top_k)
-    return drafter, make_params(head, embed, d2t)
+    params = make_params(head, embed, d2t)
+    temperature = meta.get("calibration", {}).get("depth_temperature")
+    if temperature is not None:
+        params = with_depth_temperature(params, temperature)
+    return drafter, params

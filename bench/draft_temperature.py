@@ -1,0 +1,98 @@
+"""EAGLE-3 with its draft marginals at several temperatures, side by side in the engine.
+
+A head trained long on a small corpus grows overconfident: its top-1 chain improves while the
+best-first tree (which ranks nodes by the product of the marginals along their paths) spends
+its budget on that chain. A temperature keeps every argmax and moves the rest of the tree. This
+runs greedy and the head at each temperature interleaved per turn, every round drafted
+(``--policy drafter``: acceptance, not the controller, is what is compared), and writes the
+bench report (JSON) and its table. Select on ``--suite dev`` (human-written, not an evaluation
+suite), then check the chosen temperature on the evaluation suite::
+
+    PYTHONPATH=. python3 bench/draft_temperature.py --suite dev --per-category 1 \\
+        --temperatures 1,1.5,2,3 --json dev_temperatures.json
+
+``--checkpoint`` (repeatable) runs other EAGLE-3 exports instead of the shipped head, each at
+every temperature, all interleaved in the one run (methods named ``eagle3#I@TT``, ``I`` the
+checkpoint's position).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", default="dev")
+    p.add_argument("--per-category", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperatures", default="1,1.5,2,3", help="comma-separated, each > 0")
+    p.add_argument("--budget", type=int, default=8)
+    p.add_argument("--depth", type=int, default=6)
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        default=None,
+        help="an EAGLE-3 export (repeatable; default: the shipped head)",
+    )
+    p.add_argument("--json", required=True)
+    args = p.parse_args(argv)
+    try:
+        temperatures = [float(t) for t in args.temperatures.split(",")]
+    except ValueError:
+        p.error(f"--temperatures: not a comma-separated list of numbers: {args.temperatures!r}")
+    if not temperatures or any(not t > 0 for t in temperatures):
+        p.error(f"--temperatures must all be > 0, got {args.temperatures!r}")
+
+    from eaglepangu_jax import runtime
+    from eaglepangu_jax.drafters import eagle3
+    from eaglepangu_jax.drafters.checkpoint import load_checkpoint
+    from eaglepangu_jax.drafters.eagle3_head import make_params
+    from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.evaluation.report import format_summary, write_report
+    from eaglepangu_jax.evaluation.run import run_bench
+    from eaglepangu_jax.evaluation.suites import load_suite, per_category
+    from eaglepangu_jax.methods.registry import make_method
+    from eaglepangu_jax.models.smollm2 import teacher_fingerprint
+
+    teacher = runtime.load_teacher()
+    renderer = runtime.load_renderer()
+    spec = SpecConfig(
+        policy="drafter", budget=args.budget, depth=args.depth, max_new_tokens=args.max_new_tokens
+    )
+    base = make_method("eagle3", spec)
+    shipped = dict(base.draft_params)
+    heads = []  # (label, params without a calibration)
+    for i, path in enumerate(args.checkpoint or [None]):
+        params = shipped
+        if path is not None:
+            config, head, d2t, _, _ = load_checkpoint(
+                path, fingerprint=teacher_fingerprint(), kind="eagle3"
+            )
+            if config != base.drafter.config:
+                p.error(f"--checkpoint {path}: another head shape than the shipped one")
+            params = make_params(head, shipped["embed"], d2t)
+        params = {k: v for k, v in params.items() if k != "depth_temperature"}
+        heads.append(("eagle3" if args.checkpoint is None else f"eagle3#{i}", params))
+    methods = [make_method("greedy", spec)]
+    for label, params in heads:
+        for t in temperatures:
+            tuned = eagle3.with_depth_temperature(params, [t])
+            methods.append(dataclasses.replace(base, name=f"{label}@T{t:g}", draft_params=tuned))
+    conversations = per_category(load_suite(args.suite), args.per_category)
+    report = run_bench(teacher, conversations, methods, renderer)
+    report["draft_temperature"] = {
+        "suite": args.suite,
+        "per_category": args.per_category,
+        "temperatures": temperatures,
+        "checkpoints": args.checkpoint or ["shipped"],
+    }
+    write_report(args.json, report)
+    print(format_summary(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
