@@ -11,6 +11,13 @@ suite), then check the chosen temperature on the evaluation suite::
     PYTHONPATH=. python3 bench/draft_temperature.py --suite dev --per-category 1 \\
         --temperatures 1,1.5,2,3 --json dev_temperatures.json
 
+``--calibrate-from REPORT`` runs nothing: it writes the temperature under which the report's
+one head accepted the most tokens per round (pooled over its turns) into that head's export
+JSON (``calibration.depth_temperature``; ``--checkpoint``, or the shipped head for a report of
+the shipped head), where ``load_shipped_eagle3`` reads it::
+
+    PYTHONPATH=. python3 bench/draft_temperature.py --calibrate-from dev_temperatures.json
+
 ``--checkpoint`` (repeatable) runs other EAGLE-3 exports instead of the shipped head, each at
 every temperature, all interleaved in the one run (methods named ``eagle3#I@TT``, ``I`` the
 checkpoint's position).
@@ -37,8 +44,18 @@ def main(argv=None) -> int:
         default=None,
         help="an EAGLE-3 export (repeatable; default: the shipped head)",
     )
-    p.add_argument("--json", required=True)
+    p.add_argument("--json", default=None, help="the report to write (needed to run)")
+    p.add_argument(
+        "--calibrate-from",
+        metavar="REPORT",
+        default=None,
+        help="run nothing: write the best temperature of REPORT's head into its export",
+    )
     args = p.parse_args(argv)
+    if args.calibrate_from is not None:
+        return calibrate_from(p, args)
+    if args.json is None:
+        p.error("--json is required to run")
     try:
         temperatures = [float(t) for t in args.temperatures.split(",")]
     except ValueError:
@@ -91,6 +108,53 @@ def main(argv=None) -> int:
     }
     write_report(args.json, report)
     print(format_summary(report))
+    return 0
+
+
+def calibrate_from(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Write the report's best temperature into the export of the head it ran."""
+    import json
+    from importlib import resources
+    from pathlib import Path
+
+    from eaglepangu_jax.drafters.eagle3 import SHIPPED_NAME
+    from eaglepangu_jax.files import atomic_write
+
+    try:
+        report = json.loads(Path(args.calibrate_from).read_text())
+        info = report["draft_temperature"]
+        summary = report["summary"]
+    except (OSError, ValueError, KeyError) as err:
+        p.error(f"--calibrate-from {args.calibrate_from}: not a draft_temperature report ({err})")
+    heads = info.get("checkpoints", [info.get("checkpoint", "shipped")])  # first reports: one
+    if len(heads) != 1:
+        p.error("--calibrate-from: the report ran several heads; give a report of one")
+    ran = heads[0]
+    if args.checkpoint is not None and len(args.checkpoint) != 1:
+        p.error("--calibrate-from takes at most one --checkpoint")
+    target = args.checkpoint[0] if args.checkpoint else None
+    if target is None:
+        if ran != "shipped":
+            p.error(f"--calibrate-from: the report ran {ran}; name it with --checkpoint")
+        target = str(resources.files("eaglepangu_jax") / "weights" / SHIPPED_NAME)
+    pooled = {
+        t: summary[name]["overall_accepted_length"]
+        for t in info["temperatures"]
+        for name in summary
+        if name.endswith(f"@T{t:g}")
+    }
+    best = max(pooled, key=lambda t: (pooled[t], -t))  # ties: the smaller change
+    path = Path(target).with_suffix(".json")
+    meta = json.loads(path.read_text())
+    meta["calibration"] = {
+        "depth_temperature": [best],
+        "selected_by": "bench/draft_temperature.py: the most tokens per round, pooled",
+        "suite": info["suite"],
+        "per_category": info["per_category"],
+        "pooled_accepted_length": {f"{t:g}": round(v, 4) for t, v in pooled.items()},
+    }
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)))
+    print(f"temperature {best:g} (pooled accepted length {pooled[best]:.3f}) written to {path}")
     return 0
 
 
