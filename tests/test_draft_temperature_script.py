@@ -1,0 +1,58 @@
+"""``bench/draft_temperature.py --calibrate-from``: the report's best temperature (pooled
+accepted length; ties go to the smaller change) lands in the head's export JSON, which is
+otherwise kept; reports it cannot use are refused by name."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "draft_temperature.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("draft_temperature", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _report(path, checkpoints, pooled):
+    summary = {"greedy": {"overall_accepted_length": 1.0}}
+    for t, value in pooled.items():
+        summary[f"eagle3#0@T{t:g}"] = {"overall_accepted_length": value}
+    info = {"suite": "dev", "per_category": 1, "temperatures": list(pooled)}
+    path.write_text(
+        json.dumps({"summary": summary, "draft_temperature": {**info, "checkpoints": checkpoints}})
+    )
+    return path
+
+
+def test_the_best_pooled_temperature_is_written_into_the_export(script, tmp_path):
+    export = tmp_path / "head"
+    export.with_suffix(".json").write_text(json.dumps({"step": 7, "config": {"a": 1}}))
+    report = _report(tmp_path / "r.json", [str(export)], {1.0: 1.9, 2.0: 2.05, 3.0: 2.05})
+    assert script.main(["--calibrate-from", str(report), "--checkpoint", str(export)]) == 0
+    meta = json.loads(export.with_suffix(".json").read_text())
+    assert meta["step"] == 7 and meta["config"] == {"a": 1}
+    assert meta["calibration"]["depth_temperature"] == [2.0]  # tie with 3: the smaller
+    assert meta["calibration"]["pooled_accepted_length"] == {"1": 1.9, "2": 2.05, "3": 2.05}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head.json", "r.json"]
+
+
+def test_unusable_reports_are_refused(script, tmp_path, capsys):
+    two = _report(tmp_path / "two.json", ["a", "b"], {1.0: 1.9})
+    other = _report(tmp_path / "other.json", ["runs/x"], {1.0: 1.9})
+    (tmp_path / "bad.json").write_text("{}")
+    for report, message in (
+        (two, "several heads"),
+        (other, "name it with --checkpoint"),
+        (tmp_path / "bad.json", "not a draft_temperature report"),
+    ):
+        with pytest.raises(SystemExit):
+            script.main(["--calibrate-from", str(report)])
+        assert message in capsys.readouterr().err
