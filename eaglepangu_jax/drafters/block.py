@@ -46,6 +46,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from eaglepangu_jax.drafters.block_head import LAYER_KEYS, BlockConfig, init_head
 from eaglepangu_jax.drafters.eagle3_head import (
+    checked_temperature,
     draft_logits,
     finish,
     fuse,
@@ -321,15 +322,13 @@ def with_depth_temperature(params: dict, config: BlockConfig, temperature) -> di
     (:func:`eaglepangu_jax.training.train_block.fit_depth_temperatures`). A temperature keeps
     every argmax, so the top-1 chain is unchanged.
     """
-    temperature = jnp.asarray(temperature, jnp.float32)
-    if temperature.shape != (config.block_size,):
+    shape = jnp.shape(temperature)
+    if shape != (config.block_size,):
         raise ValueError(
             f"depth_temperature must have one entry per block slot ({config.block_size}), "
-            f"got shape {temperature.shape}"
+            f"got shape {shape}"
         )
-    if not bool(jnp.all(jnp.isfinite(temperature) & (temperature > 0))):
-        raise ValueError(f"depth_temperature must be finite and > 0, got {temperature}")
-    return {**params, "depth_temperature": temperature}
+    return {**params, "depth_temperature": checked_temperature(temperature)}
 
 
 # -------------------------------------------------------------------------------- shipping

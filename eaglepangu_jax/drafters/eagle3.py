@@ -42,6 +42,7 @@ from eaglepangu_jax.drafters.eagle3_head import (  # noqa: F401  (re-exported: t
     Eagle3Config,
     attend,
     check_head_config,
+    checked_temperature,
     default_feature_layers,
     draft_logits,
     finish,
@@ -281,12 +282,7 @@ def with_depth_temperature(params: dict, temperature) -> dict:
     spends the budget on its top-1 chain even where the alternatives are often right. A
     temperature keeps every argmax: the top-1 chain is unchanged, the rest of the tree moves.
     """
-    temperature = jnp.asarray(temperature, jnp.float32).reshape(-1)
-    if temperature.shape[0] < 1:
-        raise ValueError("depth_temperature needs at least one entry")
-    if not bool(jnp.all(jnp.isfinite(temperature) & (temperature > 0))):
-        raise ValueError(f"depth_temperature must be finite and > 0, got {temperature}")
-    return {**params, "depth_temperature": temperature}
+    return {**params, "depth_temperature": checked_temperature(temperature)}
 
 
 SHIPPED_NAME = "eagle3_smollm2"

@@ -34,6 +34,7 @@ __all__ = [
     "init_head",
     "make_params",
     "project",
+    "checked_temperature",
     "safe_log_softmax",
     "ttt_logits",
 ]
@@ -297,6 +298,17 @@ def ttt_logits(
 
 
 # --------------------------------------------------------------------------------- drafter
+
+
+def checked_temperature(temperature) -> Float[Array, " D"]:
+    """Per-depth draft temperatures as a float32 vector, refused unless every entry is finite
+    and positive (the EAGLE-3 and block drafters divide their logits by them)."""
+    temperature = jnp.asarray(temperature, jnp.float32).reshape(-1)
+    if temperature.shape[0] < 1:
+        raise ValueError("depth_temperature needs at least one entry")
+    if not bool(jnp.all(jnp.isfinite(temperature) & (temperature > 0))):
+        raise ValueError(f"depth_temperature must be finite and > 0, got {temperature}")
+    return temperature
 
 
 def safe_log_softmax(logits: Float[Array, "... Vd"]) -> Float[Array, "... Vd"]:
