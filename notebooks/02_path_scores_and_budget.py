@@ -432,16 +432,17 @@ for label, text in prompts.items():
 # every round (or in none) is brought back to the calibrated ratio and measures both kinds
 # again. Keep one per method across calls.
 #
-# Here the engine gets a curve that believes the machine is twice as fast as it is (every
-# latency halved), and the correction finds the factor from the measured segments. A segment
-# whose program compiled during the call is skipped, so the first call teaches nothing.
+# Here the engine gets a curve that believes the machine is four times as fast as it is
+# (every latency quartered), and the correction finds the factor from the measured segments.
+# A segment whose program compiled during the call is skipped, so the first call teaches
+# nothing.
 
 # %%
 from eaglepangu_jax.engine import CostCorrection  # noqa: E402
 
 correction = CostCorrection()
 ids = encode_chat(tok, [{"role": "user", "content": prompts["free-form"]}])
-optimistic = verify_curve * 0.5
+optimistic = verify_curve * 0.25
 for call in range(4):
     generate(teacher, ngram, ids, spec, verify_latency=optimistic, correction=correction)
     a, b = correction.scales
@@ -449,8 +450,10 @@ for call in range(4):
         f"call {call + 1}: {correction.segments} segment(s) learned from, plain-step scale "
         f"a = {a:.2f}, speculative-round scale b = {b:.2f}"
     )
-# Without learning a would stay at 1; the halved curve has to be scaled back up.
-assert correction.segments >= 2 and a > 1.3
+# Without learning a would stay at 1; the quartered curve has to be scaled back up (by about
+# 4). The bar is half of that: the machine's load may change between the curve's measurement
+# above and these calls (a shared machine once ran them 1.6x faster than it was measured).
+assert correction.segments >= 2 and a > 2.0
 
 # %% [markdown]
 # ## Summary
