@@ -334,8 +334,30 @@ def test_global_options_may_precede_train_draft(no_compile_cache, capsys):
     assert exc.value.code == 2 and "medusa" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option", ["--time-limit", "--wall-limit"])
 @pytest.mark.parametrize("limit", ["0", "-5"])
-def test_train_draft_refuses_a_time_limit_that_is_not_positive(limit, tmp_path, capsys):
+def test_train_draft_refuses_a_time_limit_that_is_not_positive(option, limit, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        cli_main.main(["train-draft", "--out", str(tmp_path / "x"), "--time-limit", limit])
-    assert exc.value.code == 2 and "--time-limit must be > 0" in capsys.readouterr().err
+        cli_main.main(["train-draft", "--out", str(tmp_path / "x"), option, limit])
+    assert exc.value.code == 2 and f"{option} must be > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "time_limit, wall_limit, elapsed, expected",
+    [
+        (None, None, 5.0, None),  # no limit: the whole schedule
+        (100.0, None, 50.0, 100.0),  # --time-limit counts from the first step only
+        (None, 300.0, 100.0, 200.0),  # --wall-limit: what the set-up left
+        (100.0, 300.0, 250.0, 50.0),  # both: the earlier one
+        (100.0, 300.0, 150.0, 100.0),
+        (None, 300.0, 400.0, 1e-3),  # set-up ran past it: one step, then the export
+        (100.0, 300.0, 300.0, 1e-3),  # exactly used up: still one step
+    ],
+)
+def test_steps_time_limit_takes_the_earlier_of_the_two_limits(
+    time_limit, wall_limit, elapsed, expected
+):
+    from eaglepangu_jax.cli.train import steps_time_limit
+
+    got = steps_time_limit(time_limit, wall_limit, elapsed)
+    assert got == (None if expected is None else pytest.approx(expected))

@@ -24,7 +24,7 @@ from eaglepangu_jax.drafters.eagle3_head import default_feature_layers
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts, vocab_over
 from eaglepangu_jax.training.train import KINDS, TrainConfig, make_batches, train
 
-__all__ = ["train_draft_main"]
+__all__ = ["train_draft_main", "steps_time_limit"]
 
 
 def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = False) -> int:
@@ -149,6 +149,18 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         "first step (the teacher features are made before), then evaluate, checkpoint and export "
         "as at the end; the schedule still spans --steps. For machines lent for a fixed time",
     )
+    parser.add_argument(
+        "--wall-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop training after the step that passes this many seconds, counted from the "
+        "start of the command's work (loading the teacher, its features and the rest of the "
+        "set-up included), then evaluate, checkpoint and "
+        "export as with --time-limit; if the set-up alone uses them up, one step runs. For "
+        "jobs that must end by a deadline whatever the features cost (with both, the earlier "
+        "limit applies)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ray-address", default=None)
     args = parser.parse_args(argv)
@@ -174,8 +186,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error(f"--soft-targets must be in (0, 1], got {args.soft_targets}")
     if args.soft_top_k < 1:
         parser.error(f"--soft-top-k must be >= 1, got {args.soft_top_k}")
-    if args.time_limit is not None and not args.time_limit > 0:
-        parser.error(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    for option, limit in (("--time-limit", args.time_limit), ("--wall-limit", args.wall_limit)):
+        if limit is not None and not limit > 0:
+            parser.error(f"{option} must be > 0 seconds, got {limit}")
     if args.holdout_shards < 0:
         parser.error(f"--holdout-shards must be >= 0, got {args.holdout_shards}")
     if args.train_shards is not None:
@@ -198,6 +211,19 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             load_checkpoint(args.out, fingerprint=None, kind=args.kind)
         except ValueError as err:
             parser.error(f"--out: cannot resume: {err}")
+
+
+def steps_time_limit(
+    time_limit: float | None, wall_limit: float | None, elapsed: float
+) -> float | None:
+    """Seconds of training steps allowed: ``time_limit`` (counted from the first step) or what
+    ``wall_limit`` (counted from the command's start) leaves after ``elapsed`` seconds of
+    set-up, whichever is smaller; ``None`` without either. Never below a millisecond: a
+    deadline already passed still runs one step, so the run ends evaluated and exported."""
+    limits = [] if time_limit is None else [time_limit]
+    if wall_limit is not None:
+        limits.append(wall_limit - elapsed)
+    return max(min(limits), 1e-3) if limits else None
 
 
 def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -323,10 +349,10 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         initial_head=initial_head,
         monitor=monitor if evaluating else None,
         monitor_every=args.eval_every,
-        time_limit=args.time_limit,
+        time_limit=steps_time_limit(args.time_limit, args.wall_limit, time.time() - t0),
     )
     if len(losses) < cfg.steps:
-        print(f"--time-limit {args.time_limit:g} s reached after step {len(losses)}")
+        print(f"time limit reached after step {len(losses)}")
     extra = {
         "step": len(losses),
         "final_loss": losses[-1],
