@@ -107,7 +107,7 @@ echo manifest.json >> "$work/new.txt"
 tar -C "$corpus" -cf "$out/corpus_new.tar" -T "$work/new.txt"
 echo "new files: $(($(wc -l < "$work/new.txt") - 1))" >> "$out/corpus.log"
 
-# Phases 2 and 3: the heads, in TRAIN_KINDS order. Each continues the shipped one on the grown
+# Phase 2: the heads, in TRAIN_KINDS order. Each continues the shipped one on the grown
 # corpus plus the written conversations three times; the first computes the teacher features
 # (cached on disk, shared by both heads: same teacher layers), so the second starts sooner.
 # Each runs its own seconds of steps (--time-limit) but stops stepping when what the deadline
@@ -148,9 +148,9 @@ for kind in $train_kinds; do
     esac
 done
 
-# Phase 4: the shipped EAGLE-3 head drafting every round on the GPU, against plain greedy (no
+# Phase 3: the shipped EAGLE-3 head drafting every round on the GPU, against plain greedy (no
 # calibration needed; the JSON is written when the run completes).
-left=$((t_start + job_seconds - $(date +%s) - 5))
+left=$((deadline - $(date +%s) - 5))
 [ "$bench_seconds" -gt "$left" ] && bench_seconds=$left
 if [ "$bench_seconds" -gt 20 ]; then
     stamp "bench: up to $bench_seconds s" | tee "$out/bench.log"

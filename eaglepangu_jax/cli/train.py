@@ -156,10 +156,9 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         metavar="SECONDS",
         help="stop training after the step that passes this many seconds, counted from the "
         "start of the command's work (loading the teacher, its features and the rest of the "
-        "set-up included), then evaluate, checkpoint and "
-        "export as with --time-limit; if the set-up alone uses them up, one step runs. For "
-        "jobs that must end by a deadline whatever the features cost (with both, the earlier "
-        "limit applies)",
+        "set-up included), then evaluate, checkpoint and export as with --time-limit; if the "
+        "set-up alone uses them up, one step runs. For jobs that must end by a deadline "
+        "whatever the features cost (with both, the earlier limit applies)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ray-address", default=None)
