@@ -467,3 +467,32 @@ def test_fit_depth_temperatures_never_worsens_the_held_out_nll():
     block.with_depth_temperature(
         block.make_params(head, embed, vocab.d2t), cfg, report["depth_temperature"]
     )
+
+
+def test_depth_decay_weighs_each_depths_mean_nll():
+    """The loss is ``sum_i decay**i * nll_i``, each ``nll_i`` a mean over depth ``i``'s valid
+    targets; the decay reaches the loss through ``TrainConfig.depth_decay``."""
+    cfg, vocab, batches, embed = _fake_setup()
+    head = block.init_head(cfg, jax.random.key(3), embed=embed, d2t=vocab.d2t)
+    rows = np.arange(3)
+    tc = train_lib.TrainConfig(steps=1, batch_size=3, seq_len=16, anchors=6, context_window=4)
+    arrays = train_block.train_arrays(batches, rows, 0, tc, cfg)
+    picked, _, valid = jax.vmap(
+        lambda f, tk, tg, an, k, w: train_block.sequence_scores(
+            head, cfg, embed, f, tk, tg, an, k, w
+        )
+    )(*arrays)
+    nll = -np.asarray(picked).sum(axis=(0, 1)) / np.asarray(valid).sum(axis=(0, 1))
+    assert nll.shape == (cfg.block_size,) and np.all(np.asarray(valid).sum(axis=(0, 1)) > 0)
+    for decay in (1.0, 0.8, 0.3):
+        got, _ = train_block.loss(
+            head, cfg, embed, arrays, dataclasses.replace(tc, depth_decay=decay)
+        )
+        want = sum(decay**i * nll[i] for i in range(cfg.block_size))
+        np.testing.assert_allclose(float(got), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("decay", [0.0, -0.5, 1.5, float("nan")])
+def test_depth_decay_outside_zero_one_is_refused(decay):
+    with pytest.raises(ValueError, match="depth_decay"):
+        train_lib.TrainConfig(depth_decay=decay)

@@ -131,6 +131,12 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         help="block: half the blocks see only the last 1..N context positions",
     )
     parser.add_argument(
+        "--depth-decay",
+        type=float,
+        default=0.8,
+        help="block: depth i's loss weighs DECAY ** i (smaller: the first depths count more)",
+    )
+    parser.add_argument(
         "--init-from",
         default=None,
         metavar="CKPT",
@@ -286,6 +292,7 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         ttt_steps=args.ttt_steps,
         anchors=args.anchors,
         context_window=args.context_window,
+        depth_decay=args.depth_decay,
         soft_weight=args.soft_targets,
         seed=args.seed,
     )

@@ -79,6 +79,7 @@ class TrainConfig:
     ttt_steps: int = 3  # EAGLE-3: unrolled training-time-test steps
     anchors: int = 16  # block drafter: blocks (root positions) per sequence and step
     context_window: int = 0  # block drafter: half the blocks see only the last 1..N positions
+    depth_decay: float = 0.8  # block drafter: depth i's loss weighs depth_decay ** i
     soft_weight: float = 0.0  # draft model: weight of the soft-target loss (0: hard only)
     seed: int = 0
     checkpoint_every: int = 25
@@ -93,6 +94,8 @@ class TrainConfig:
             )
         if self.context_window < 0:
             raise ValueError(f"context_window must be >= 0, got {self.context_window}")
+        if not 0.0 < self.depth_decay <= 1.0:
+            raise ValueError(f"depth_decay must be in (0, 1], got {self.depth_decay}")
         if not 0.0 <= self.soft_weight <= 1.0:
             raise ValueError(f"soft_weight must be in [0, 1], got {self.soft_weight}")
 

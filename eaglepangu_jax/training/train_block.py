@@ -7,8 +7,10 @@ what :meth:`~eaglepangu_jax.drafters.block.BlockDrafter.propose` sees with ``x_p
 Slot ``i`` is scored against ``x_{p+i+1}`` (the data *is* the teacher's greedy answer, so its
 next token is the teacher's argmax): hard cross-entropy over the draft vocabulary, masked where
 the target is a prompt token, past the sequence or outside the draft vocabulary. Each depth's
-loss is a mean over its targets; depths are weighted ``0.8 ** i`` (the acceptance of depth
-``i`` needs the ``i`` earlier ones, so the first depths matter most).
+loss is a mean over its targets; depths are weighted ``decay ** i`` (``TrainConfig.depth_decay``,
+0.8 by default: the acceptance of depth ``i`` needs the ``i`` earlier ones, so the first
+depths matter most). Evaluation reports its loss at the default decay, so runs with other
+decays stay comparable.
 
 **Context windows** (``TrainConfig.context_window = W > 0``): half of the blocks see only the
 last ``1 .. W`` context positions (drawn uniformly), like the engine's draft window. On small
@@ -163,6 +165,7 @@ def batch_loss(
     anchors: Int[Array, "B A"],
     ok: Bool[Array, "B A"],
     since: Int[Array, "B A"],
+    depth_decay: float = DEPTH_DECAY,
 ) -> tuple[Float[Array, ""], Float[Array, " D"]]:
     """Depth-weighted mean cross-entropy and each depth's top-1 accuracy on the batch."""
     picked, hit, valid = jax.vmap(
@@ -170,7 +173,7 @@ def batch_loss(
     )(features, tokens, targets, anchors, ok, since)
     count = jnp.maximum(jnp.sum(valid, axis=(0, 1)).astype(jnp.float32), 1.0)  # [D]
     nll = -jnp.sum(picked, axis=(0, 1)) / count
-    weights = jnp.float32(DEPTH_DECAY) ** jnp.arange(config.block_size, dtype=jnp.float32)
+    weights = jnp.float32(depth_decay) ** jnp.arange(config.block_size, dtype=jnp.float32)
     return jnp.sum(weights * nll), jnp.sum(hit, axis=(0, 1)).astype(jnp.float32) / count
 
 
@@ -192,7 +195,7 @@ def loss(
     cfg: Any,
 ) -> tuple[Float[Array, ""], Float[Array, " D"]]:
     """:func:`batch_loss` on :func:`train_arrays`' output (the shared loop's interface)."""
-    return batch_loss(head, config, embed, *arrays)
+    return batch_loss(head, config, embed, *arrays, depth_decay=cfg.depth_decay)
 
 
 def evaluate(
