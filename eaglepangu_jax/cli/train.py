@@ -133,7 +133,7 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
     parser.add_argument(
         "--depth-decay",
         type=float,
-        default=0.8,
+        default=TrainConfig.depth_decay,
         help="block: depth i's loss weighs DECAY ** i (smaller: the first depths count more)",
     )
     parser.add_argument(

@@ -79,7 +79,7 @@ class TrainConfig:
     ttt_steps: int = 3  # EAGLE-3: unrolled training-time-test steps
     anchors: int = 16  # block drafter: blocks (root positions) per sequence and step
     context_window: int = 0  # block drafter: half the blocks see only the last 1..N positions
-    depth_decay: float = 0.8  # block drafter: depth i's loss weighs depth_decay ** i
+    depth_decay: float = train_block.DEPTH_DECAY  # block drafter: depth i weighs depth_decay**i
     soft_weight: float = 0.0  # draft model: weight of the soft-target loss (0: hard only)
     seed: int = 0
     checkpoint_every: int = 25
