@@ -496,3 +496,61 @@ def test_depth_decay_weighs_each_depths_mean_nll():
 def test_depth_decay_outside_zero_one_is_refused(decay):
     with pytest.raises(ValueError, match="depth_decay"):
         train_lib.TrainConfig(depth_decay=decay)
+
+
+def test_all_roots_nll_is_the_mean_depth1_loss_of_a_one_slot_block_at_every_root():
+    """Every position is a root that sees only the context before it: scoring a row at once
+    equals scoring each root on the sequence cut right after it (nothing later leaks in), and
+    the positions whose next token is no target (the prompt, the padding) are left out."""
+    cfg, vocab, batches, embed = _fake_setup()
+    head = block.init_head(cfg, jax.random.key(4), embed=embed, d2t=vocab.d2t)
+    one = dataclasses.replace(cfg, block_size=1)
+    rows = np.arange(3)
+    feats, toks, tgts = (
+        jnp.asarray(batches.features[rows]),
+        jnp.asarray(batches.tokens[rows]),
+        jnp.asarray(batches.targets[rows]),
+    )
+    total, count = 0.0, 0
+    for r in rows:
+        lo, hi = train_block.anchor_range(int(batches.prompt_lens[r]), int(batches.lengths[r]))
+        for p in range(lo, hi):
+            if int(tgts[r, p + 1]) < 0:  # next token outside the draft vocabulary
+                continue
+            picked, _, valid = train_block.sequence_scores(
+                head,
+                one,
+                embed,
+                feats[r, : p + 2],
+                toks[r, : p + 2],
+                tgts[r, : p + 2],
+                jnp.asarray([p], jnp.int32),
+                jnp.asarray([True]),
+                jnp.asarray([0], jnp.int32),
+            )
+            assert bool(valid[0, 0])
+            total -= float(picked[0, 0])
+            count += 1
+    assert count > 20
+    got = train_block.all_roots_nll(head, cfg, embed, feats, toks, tgts)
+    np.testing.assert_allclose(float(got), total / count, rtol=1e-5)
+
+
+def test_all_roots_weight_adds_its_weighted_loss_and_leaves_accuracies_alone():
+    cfg, vocab, batches, embed = _fake_setup()
+    head = block.init_head(cfg, jax.random.key(5), embed=embed, d2t=vocab.d2t)
+    tc = train_lib.TrainConfig(steps=1, batch_size=3, seq_len=16, anchors=6)
+    arrays = train_block.train_arrays(batches, np.arange(3), 0, tc, cfg)
+    base, base_acc = train_block.loss(head, cfg, embed, arrays, tc)
+    roots = train_block.all_roots_nll(head, cfg, embed, *(jnp.asarray(a) for a in arrays[:3]))
+    got, acc = train_block.loss(
+        head, cfg, embed, arrays, dataclasses.replace(tc, all_roots_weight=0.5)
+    )
+    np.testing.assert_allclose(float(got), float(base) + 0.5 * float(roots), rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(acc), np.asarray(base_acc))
+
+
+@pytest.mark.parametrize("weight", [-0.1, float("nan")])
+def test_all_roots_weight_below_zero_is_refused(weight):
+    with pytest.raises(ValueError, match="all_roots_weight"):
+        train_lib.TrainConfig(all_roots_weight=weight)

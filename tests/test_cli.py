@@ -361,3 +361,17 @@ def test_steps_time_limit_takes_the_earlier_of_the_two_limits(
 
     got = steps_time_limit(time_limit, wall_limit, elapsed)
     assert got == (None if expected is None else pytest.approx(expected))
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--kind", "eagle3", "--all-roots-weight", "1"], "needs --kind block"),
+        (["--kind", "block", "--all-roots-weight", "-1"], "--all-roots-weight must be >= 0"),
+        (["--kind", "block", "--all-roots-weight", "nan"], "--all-roots-weight must be >= 0"),
+    ],
+)
+def test_train_draft_refuses_a_bad_all_roots_weight_before_work(flags, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["train-draft", "--out", str(tmp_path / "x"), *flags])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -137,6 +137,14 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         help="block: depth i's loss weighs DECAY ** i (smaller: the first depths count more)",
     )
     parser.add_argument(
+        "--all-roots-weight",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="block: also learn depth 1 from every position of each row (a one-slot block per "
+        "root, about one slot of compute per position), its mean loss weighted W (0: off)",
+    )
+    parser.add_argument(
         "--init-from",
         default=None,
         metavar="CKPT",
@@ -189,6 +197,11 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error("--soft-targets trains a draft model: it needs --kind draft-model")
         if not 0.0 < args.soft_targets <= 1.0:
             parser.error(f"--soft-targets must be in (0, 1], got {args.soft_targets}")
+    if args.all_roots_weight != 0.0:
+        if args.kind != "block":
+            parser.error("--all-roots-weight trains a block drafter: it needs --kind block")
+        if not args.all_roots_weight > 0.0:  # NaN and negatives
+            parser.error(f"--all-roots-weight must be >= 0, got {args.all_roots_weight}")
     if args.soft_top_k < 1:
         parser.error(f"--soft-top-k must be >= 1, got {args.soft_top_k}")
     for option, limit in (("--time-limit", args.time_limit), ("--wall-limit", args.wall_limit)):
@@ -293,6 +306,7 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         anchors=args.anchors,
         context_window=args.context_window,
         depth_decay=args.depth_decay,
+        all_roots_weight=args.all_roots_weight,
         soft_weight=args.soft_targets,
         seed=args.seed,
     )

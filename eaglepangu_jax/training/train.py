@@ -80,6 +80,7 @@ class TrainConfig:
     anchors: int = 16  # block drafter: blocks (root positions) per sequence and step
     context_window: int = 0  # block drafter: half the blocks see only the last 1..N positions
     depth_decay: float = train_block.DEPTH_DECAY  # block drafter: depth i weighs depth_decay**i
+    all_roots_weight: float = 0.0  # block drafter: weight of a depth-1 loss at every position
     soft_weight: float = 0.0  # draft model: weight of the soft-target loss (0: hard only)
     seed: int = 0
     checkpoint_every: int = 25
@@ -96,6 +97,8 @@ class TrainConfig:
             raise ValueError(f"context_window must be >= 0, got {self.context_window}")
         if not 0.0 < self.depth_decay <= 1.0:
             raise ValueError(f"depth_decay must be in (0, 1], got {self.depth_decay}")
+        if not self.all_roots_weight >= 0.0:  # NaN fails too
+            raise ValueError(f"all_roots_weight must be >= 0, got {self.all_roots_weight}")
         if not 0.0 <= self.soft_weight <= 1.0:
             raise ValueError(f"soft_weight must be in [0, 1], got {self.soft_weight}")
 
