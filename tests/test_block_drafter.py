@@ -554,3 +554,26 @@ def test_all_roots_weight_adds_its_weighted_loss_and_leaves_accuracies_alone():
 def test_all_roots_weight_below_zero_is_refused(weight):
     with pytest.raises(ValueError, match="all_roots_weight"):
         train_lib.TrainConfig(all_roots_weight=weight)
+
+
+def test_a_block_head_goes_on_with_another_block_size_but_no_other_change(tmp_path):
+    """``--init-from`` with another ``--block-size``: the same weights (none has a slot axis),
+    the change recorded in the provenance; any other config change is still refused."""
+    cfg, vocab, _, embed = _fake_setup(block_size=1)
+    head = block.init_head(cfg, jax.random.key(6), embed=embed, d2t=vocab.d2t)
+    path = tmp_path / "one_slot"
+    checkpoint_lib.save_checkpoint(path, head, cfg, vocab.d2t, fingerprint="f" * 64)
+    wider = dataclasses.replace(cfg, block_size=4)
+    start, provenance = checkpoint_lib.load_starting_head(
+        path, config=wider, d2t=vocab.d2t, fingerprint="f" * 64
+    )
+    assert provenance["block_size"] == {"stored": 1, "now": 4}
+    for name in head:
+        np.testing.assert_array_equal(np.asarray(start[name]), np.asarray(head[name]))
+    deeper = dataclasses.replace(wider, num_layers=cfg.num_layers + 1)
+    with pytest.raises(ValueError, match="another config"):
+        checkpoint_lib.load_starting_head(path, config=deeper, d2t=vocab.d2t, fingerprint="f" * 64)
+    _, same = checkpoint_lib.load_starting_head(
+        path, config=cfg, d2t=vocab.d2t, fingerprint="f" * 64
+    )
+    assert "block_size" not in same

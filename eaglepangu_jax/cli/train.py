@@ -150,8 +150,9 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         metavar="CKPT",
         help="start from the head of this checkpoint or export (same --kind, head shape and "
         "draft vocabulary; a draft-model may change its --vocab-size: shared tokens keep their "
-        "head columns) with a fresh optimiser and schedule, e.g. to go on training a head "
-        "whose held-out loss still fell when its schedule ended. A checkpoint at --out is "
+        "head columns; a block drafter its --block-size) with a fresh optimiser and "
+        "schedule, e.g. to go on training a head whose held-out loss still fell when its "
+        "schedule ended. A checkpoint at --out is "
         "resumed instead",
     )
     parser.add_argument(

@@ -194,6 +194,7 @@ def load_starting_head(
     ``lm_head`` column of every teacher id in both vocabularies is carried to that id's new
     place, and the columns of ids new to the vocabulary come from ``fresh_head`` (the run's
     own initial head, the teacher's embedding rows for a draft model).
+    A block drafter may also change its block size: none of its weights has a slot axis.
 
     Raises:
       ValueError: anything :func:`load_checkpoint` refuses, another head config, or another
@@ -211,6 +212,11 @@ def load_starting_head(
         )
     if not same_vocab:
         stored = dataclasses.replace(stored, draft_vocab_size=config.draft_vocab_size)
+    if kind == "block" and stored.block_size != config.block_size:
+        # No block weight has a slot axis (one MASK vector, positions by rotation), so a head
+        # trained on blocks of one size goes on with blocks of another.
+        provenance["block_size"] = {"stored": stored.block_size, "now": config.block_size}
+        stored = dataclasses.replace(stored, block_size=config.block_size)
     if stored != config:
         have, want = stored.to_json(), config.to_json()
         changed = ", ".join(

@@ -1,0 +1,84 @@
+"""Block drafter exports side by side in the engine: greedy, the shipped head and each
+``--checkpoint``, interleaved per turn on the same prompts.
+
+Offline figures (``bench/heldout_heads.py``) score a head's top-1 chain; the engine's
+best-first tree also spends its budget on the head's other candidates, ranked by its
+(calibrated) marginals, so a new head is checked here before it ships. Each head runs with
+the per-depth temperatures its own export stores (``calibration.depth_temperature``), as
+``load_shipped_block`` would run it once shipped. The default ``--policy best_first`` drafts
+every round, so acceptance is compared, not the controller's choices::
+
+    PYTHONPATH=. python3 bench/block_heads.py --suite mtbench-humaneval --per-category 1 \\
+        --checkpoint runs/blk5_export --json block_heads.json
+
+Methods are named ``block`` (shipped) and ``block#I`` (the ``I``-th checkpoint); the JSON is
+the bench report with a ``block_heads`` entry naming the checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", default="mtbench-humaneval")
+    p.add_argument("--per-category", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--budget", type=int, default=8, help="tree nodes per round")
+    p.add_argument("--policy", default="best_first", help="tree policy (see eaglepangu bench)")
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        required=True,
+        help="a block drafter export or checkpoint (repeatable)",
+    )
+    p.add_argument("--json", required=True, help="the report to write")
+    args = p.parse_args(argv)
+    if args.per_category < 1 or args.max_new_tokens < 1 or args.budget < 1:
+        p.error("--per-category, --max-new-tokens and --budget must be >= 1")
+
+    from eaglepangu_jax import runtime
+    from eaglepangu_jax.drafters import block
+    from eaglepangu_jax.drafters.checkpoint import load_checkpoint
+    from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.evaluation.report import format_summary, write_report
+    from eaglepangu_jax.evaluation.run import run_bench
+    from eaglepangu_jax.evaluation.suites import load_suite, per_category
+    from eaglepangu_jax.methods.registry import make_method
+    from eaglepangu_jax.models.smollm2 import teacher_fingerprint
+
+    teacher = runtime.load_teacher()
+    renderer = runtime.load_renderer()
+    spec = SpecConfig(policy=args.policy, budget=args.budget, max_new_tokens=args.max_new_tokens)
+    shipped = make_method("block", spec)
+    methods = [make_method("greedy", spec), shipped]
+    for i, path in enumerate(args.checkpoint):
+        try:
+            config, head, d2t, meta, _ = load_checkpoint(
+                path, fingerprint=teacher_fingerprint(), kind="block"
+            )
+        except ValueError as err:
+            p.error(f"--checkpoint {path}: {err}")
+        if config != shipped.drafter.config:
+            p.error(f"--checkpoint {path}: another head shape than the shipped one")
+        params = block.make_params(head, shipped.draft_params["embed"], d2t)
+        temperature = meta.get("calibration", {}).get("depth_temperature")
+        if temperature is not None:
+            params = block.with_depth_temperature(params, config, temperature)
+        methods.append(dataclasses.replace(shipped, name=f"block#{i}", draft_params=params))
+    conversations = per_category(load_suite(args.suite), args.per_category)
+    report = run_bench(teacher, conversations, methods, renderer)
+    report["block_heads"] = {
+        "suite": args.suite,
+        "per_category": args.per_category,
+        "checkpoints": args.checkpoint,
+    }
+    write_report(args.json, report)
+    print(format_summary(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
