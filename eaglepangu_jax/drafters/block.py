@@ -322,7 +322,7 @@ def with_depth_temperature(params: dict, config: BlockConfig, temperature) -> di
     (:func:`eaglepangu_jax.training.train_block.fit_depth_temperatures`). A temperature keeps
     every argmax, so the top-1 chain is unchanged.
     """
-    shape = jnp.shape(temperature)
+    shape = jnp.asarray(temperature).shape
     if shape != (config.block_size,):
         raise ValueError(
             f"depth_temperature must have one entry per block slot ({config.block_size}), "
