@@ -3,22 +3,18 @@ with its own stored temperatures; a checkpoint it cannot run is refused by name.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_bench_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "block_heads.py"
 SHIPPED = Path(__file__).resolve().parents[1] / "eaglepangu_jax" / "weights" / "block_smollm2"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("block_heads", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("block_heads")
 
 
 def test_a_checkpoint_that_is_no_block_head_is_refused(script, tmp_path, capsys):

@@ -4,21 +4,15 @@ otherwise kept; reports it cannot use are refused by name."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "draft_temperature.py"
+from conftest import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("draft_temperature", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("draft_temperature")
 
 
 def _report(path, checkpoints, pooled):
