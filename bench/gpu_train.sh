@@ -34,8 +34,9 @@
 # steps/s between evaluations): 13 epochs of its data, which made the head overconfident.
 # docs/RESULTS.md, "EAGLE-3 trained on an NVIDIA H200 (session 25)". Hence the defaults now:
 # a shorter EAGLE-3 phase on more distinct data (the corpus phase now extends the shipped
-# 79 shards) and the block drafter, trained on 8,000 rows on the CPU so far (1.6 passes),
-# first. The block phase has not run on a GPU yet.
+# 79 shards) and the block drafter, which has seen the least compute, first. The block phase
+# uses the recipe of its shipped CPU stages since session 28 (no context window, a depth-1
+# loss at every position: the block model card, "Fifth stage"); it has not run on a GPU yet.
 #
 # Settings (environment): JOB_SECONDS (460: the deadline), CORPUS_SECONDS (45; 0 skips phase
 # 1), CORPUS_TARGET (5000000 answer tokens), TRAIN_KINDS ("block eagle3"), BLOCK_SECONDS (100
@@ -142,8 +143,8 @@ for kind in $train_kinds; do
                 --seq-len 384 --lr 1e-3 --seed 3 ;;
         block)
             train_head block "$block_seconds" block_smollm2 --init-from "$block_init" \
-                --seq-len 256 --anchors 16 --context-window 32 --lr 1e-3 \
-                --weight-decay 0.1 --seed 5 ;;
+                --seq-len 256 --anchors 16 --context-window 0 --all-roots-weight 1.0 \
+                --lr 1e-3 --weight-decay 0.01 --seed 5 ;;
         *) echo "TRAIN_KINDS: unknown head '$kind' (eagle3, block)" >&2; exit 2 ;;
     esac
 done
