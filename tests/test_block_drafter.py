@@ -570,10 +570,41 @@ def test_a_block_head_goes_on_with_another_block_size_but_no_other_change(tmp_pa
     assert provenance["block_size"] == {"stored": 1, "now": 4}
     for name in head:
         np.testing.assert_array_equal(np.asarray(start[name]), np.asarray(head[name]))
-    deeper = dataclasses.replace(wider, num_layers=cfg.num_layers + 1)
+    other = dataclasses.replace(wider, intermediate_size=cfg.intermediate_size + 1)
     with pytest.raises(ValueError, match="another config"):
-        checkpoint_lib.load_starting_head(path, config=deeper, d2t=vocab.d2t, fingerprint="f" * 64)
+        checkpoint_lib.load_starting_head(path, config=other, d2t=vocab.d2t, fingerprint="f" * 64)
     _, same = checkpoint_lib.load_starting_head(
         path, config=cfg, d2t=vocab.d2t, fingerprint="f" * 64
     )
     assert "block_size" not in same
+
+
+def test_a_deeper_block_head_starts_as_the_stored_one_and_its_new_layer_learns(tmp_path):
+    """``--init-from`` with more ``--block-layers``: the stored layers are kept, the new one is
+    appended with zero output projections, so the deeper head's loss and accuracies equal the
+    stored head's, and the gradient reaches the new layer's output projections."""
+    cfg, vocab, batches, embed = _fake_setup()
+    head = block.init_head(cfg, jax.random.key(7), embed=embed, d2t=vocab.d2t)
+    path = tmp_path / "shallow"
+    checkpoint_lib.save_checkpoint(path, head, cfg, vocab.d2t, fingerprint="f" * 64)
+    deeper = dataclasses.replace(cfg, num_layers=cfg.num_layers + 1)
+    fresh = block.init_head(deeper, jax.random.key(8), embed=embed, d2t=vocab.d2t)
+    with pytest.raises(ValueError, match="fresh head"):
+        checkpoint_lib.load_starting_head(path, config=deeper, d2t=vocab.d2t, fingerprint="f" * 64)
+    start, provenance = checkpoint_lib.load_starting_head(
+        path, config=deeper, d2t=vocab.d2t, fingerprint="f" * 64, fresh_head=fresh
+    )
+    assert provenance["num_layers"] == {"stored": 1, "now": 2}
+    for name in block.LAYER_KEYS:
+        np.testing.assert_array_equal(np.asarray(start[name][0]), np.asarray(head[name][0]))
+        want = np.zeros_like(fresh[name][1]) if name in ("wo", "w_down") else fresh[name][1]
+        np.testing.assert_array_equal(np.asarray(start[name][1]), np.asarray(want))
+    tc = train_lib.TrainConfig(steps=1, batch_size=3, seq_len=16, anchors=6)
+    arrays = train_block.train_arrays(batches, np.arange(3), 0, tc, cfg)
+    loss, acc = train_block.loss(head, cfg, embed, arrays, tc)
+    grown_loss, grown_acc = train_block.loss(start, deeper, embed, arrays, tc)
+    np.testing.assert_allclose(float(grown_loss), float(loss), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(grown_acc), np.asarray(acc))
+    grads = jax.grad(lambda h: train_block.loss(h, deeper, embed, arrays, tc)[0])(start)
+    for name in ("wo", "w_down"):
+        assert float(jnp.abs(grads[name][1]).max()) > 0.0

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
 from eaglepangu_jax import runtime
@@ -150,7 +151,8 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         metavar="CKPT",
         help="start from the head of this checkpoint or export (same --kind, head shape and "
         "draft vocabulary; a draft-model may change its --vocab-size: shared tokens keep their "
-        "head columns; a block drafter its --block-size) with a fresh optimiser and "
+        "head columns; a block drafter its --block-size, or grow deeper with --block-layers: "
+        "the new layers start as the identity) with a fresh optimiser and "
         "schedule, e.g. to go on training a head whose held-out loss still fell when its "
         "schedule ended. A checkpoint at --out is "
         "resumed instead",
@@ -340,6 +342,15 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     initial_head, started_from = None, None
     if args.kind == "draft-model":
         initial_head = init_from_teacher(head_cfg, params, vocab.d2t)
+    elif args.kind == "block" and args.init_from is not None:
+        # Where --block-layers deepens the stored head, its new layers start from these.
+        initial_head = block.init_head(
+            head_cfg,
+            jax.random.key(args.seed),
+            embed=params["embed"],
+            d2t=vocab.d2t,
+            final_norm=params["final_norm"],
+        )
     if args.init_from is not None:
         initial_head, started_from = load_starting_head(
             args.init_from,
@@ -349,6 +360,12 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             fresh_head=initial_head,
         )
         print(f"starting from {args.init_from} (its step {started_from['step']})")
+        if "num_layers" in started_from:
+            print(
+                "block layers {stored} -> {now}: the new ones start as the identity".format(
+                    **started_from["num_layers"]
+                )
+            )
         if "vocabulary" in started_from:
             print(
                 "draft vocabulary moved: {kept} columns kept, {new} new".format(

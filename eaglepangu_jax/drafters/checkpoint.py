@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eaglepangu_jax.drafters.block_head import LAYER_KEYS as BLOCK_LAYER_KEYS
 from eaglepangu_jax.drafters.block_head import BlockConfig
 from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig
 from eaglepangu_jax.drafters.eagle3_head import Eagle3Config
@@ -34,6 +35,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "load_starting_head",
+    "grow_block_layers",
 ]
 
 # Kind name -> head config class (``to_json`` / ``from_json`` / ``head_shapes``).
@@ -194,7 +196,9 @@ def load_starting_head(
     ``lm_head`` column of every teacher id in both vocabularies is carried to that id's new
     place, and the columns of ids new to the vocabulary come from ``fresh_head`` (the run's
     own initial head, the teacher's embedding rows for a draft model).
-    A block drafter may also change its block size: none of its weights has a slot axis.
+    A block drafter may also change its block size (none of its weights has a slot axis) and
+    grow deeper: its layers are kept and the new ones, appended above them, start as the
+    identity (see :func:`grow_block_layers`; their other weights come from ``fresh_head``).
 
     Raises:
       ValueError: anything :func:`load_checkpoint` refuses, another head config, or another
@@ -217,6 +221,15 @@ def load_starting_head(
         # trained on blocks of one size goes on with blocks of another.
         provenance["block_size"] = {"stored": stored.block_size, "now": config.block_size}
         stored = dataclasses.replace(stored, block_size=config.block_size)
+    if kind == "block" and stored.num_layers < config.num_layers:
+        if fresh_head is None:
+            raise ValueError(
+                f"checkpoint {path} holds {stored.num_layers} block layers and "
+                f"{config.num_layers} are wanted: the new layers need a fresh head to start from"
+            )
+        head = grow_block_layers(head, fresh_head, stored.num_layers)
+        provenance["num_layers"] = {"stored": stored.num_layers, "now": config.num_layers}
+        stored = dataclasses.replace(stored, num_layers=config.num_layers)
     if stored != config:
         have, want = stored.to_json(), config.to_json()
         changed = ", ".join(
@@ -234,3 +247,19 @@ def load_starting_head(
     head = {**head, "lm_head": jnp.asarray(columns)}
     provenance["vocabulary"] = {"kept": int(kept.sum()), "new": int((~kept).sum())}
     return head, provenance
+
+
+def grow_block_layers(head: dict, fresh_head: dict, num_layers: int) -> dict:
+    """``head`` (``num_layers`` block layers) deepened to ``fresh_head``'s depth, computing
+    the same function: the new layers are appended above the old ones, each with its attention
+    output ``wo`` and its MLP output ``w_down`` zero, so it adds nothing to the residual stream
+    until training moves those (their gradients are not zero: their inputs are not). Every
+    other weight of a new layer is ``fresh_head``'s; the weights outside the layers are
+    ``head``'s."""
+    grown = dict(head)
+    for name in BLOCK_LAYER_KEYS:
+        new = jnp.asarray(fresh_head[name][num_layers:], jnp.float32)
+        if name in ("wo", "w_down"):
+            new = jnp.zeros_like(new)
+        grown[name] = jnp.concatenate([jnp.asarray(head[name], jnp.float32), new], axis=0)
+    return grown
