@@ -61,13 +61,24 @@ def main(argv=None) -> int:
             )
         except ValueError as err:
             p.error(f"--checkpoint {path}: {err}")
-        if config != shipped.drafter.config:
-            p.error(f"--checkpoint {path}: another head shape than the shipped one")
+        ours = shipped.drafter.config
+        # Another depth or width is compared as it stands; the tapped teacher layers and the
+        # block size must match, so that both heads see the same features and draft the same
+        # tree depth.
+        if (config.feature_layers, config.block_size) != (ours.feature_layers, ours.block_size):
+            p.error(
+                f"--checkpoint {path}: taps teacher layers {config.feature_layers} with blocks "
+                f"of {config.block_size}; the shipped head {ours.feature_layers} with "
+                f"{ours.block_size}"
+            )
         params = block.make_params(head, shipped.draft_params["embed"], d2t)
         temperature = meta.get("calibration", {}).get("depth_temperature")
         if temperature is not None:
             params = block.with_depth_temperature(params, config, temperature)
-        methods.append(dataclasses.replace(shipped, name=f"block#{i}", draft_params=params))
+        drafter = dataclasses.replace(shipped.drafter, config=config)
+        methods.append(
+            dataclasses.replace(shipped, name=f"block#{i}", drafter=drafter, draft_params=params)
+        )
     conversations = per_category(load_suite(args.suite), args.per_category)
     report = run_bench(teacher, conversations, methods, renderer)
     report["block_heads"] = {

@@ -3,6 +3,7 @@ with its own stored temperatures; a checkpoint it cannot run is refused by name.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -41,3 +42,21 @@ def test_the_shipped_export_as_a_checkpoint_runs_like_the_shipped_head(script, t
     assert (
         summary["block"]["overall_accepted_length"] == summary["block#0"]["overall_accepted_length"]
     )
+
+
+def test_a_head_with_another_block_size_is_refused_naming_both(script, tmp_path, capsys):
+    """A deeper or wider head runs beside the shipped one; one that drafts another tree depth
+    (another block size) is refused, the message naming its shape and the shipped one's."""
+    from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
+    from eaglepangu_jax.models.smollm2 import teacher_fingerprint
+
+    config, head, d2t, _, _ = checkpoint_lib.load_checkpoint(SHIPPED, fingerprint=None)
+    shorter = tmp_path / "four_slots"
+    four = dataclasses.replace(config, block_size=4)
+    checkpoint_lib.save_checkpoint(shorter, head, four, d2t, fingerprint=teacher_fingerprint())
+    with pytest.raises(SystemExit) as exc:
+        script.main(["--checkpoint", str(shorter), "--json", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"--checkpoint {shorter}" in err
+    assert "blocks of 4" in err and f"with {config.block_size}" in err
+    assert not (tmp_path / "r.json").exists()
