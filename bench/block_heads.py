@@ -11,6 +11,12 @@ every round, so acceptance is compared, not the controller's choices::
     PYTHONPATH=. python3 bench/block_heads.py --suite mtbench-humaneval --per-category 1 \\
         --checkpoint runs/blk5_export --json block_heads.json
 
+``--policy auto`` runs them under the engine's default controller instead, the way
+``eaglepangu bench`` runs the shipped head (``--per-category 0``: the whole suite, e.g. the
+240 turns at ``--max-new-tokens 64``). The controller weighs each round's drafting cost,
+measured once per head shape on this machine and kept in its calibration, so a deeper head
+pays its own cost there, not the shipped head's.
+
 Methods are named ``block`` (shipped) and ``block#I`` (the ``I``-th checkpoint); the JSON is
 the bench report with a ``block_heads`` entry naming the checkpoints.
 """
@@ -19,12 +25,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
+
+
+def method_name(index: int, config, policy: str) -> str:
+    """``block#I``; under the controller also the head's shape, ``block#I-<8 hex>``.
+
+    The calibration keeps drafting costs by method name (``draft_cost_key``). A cost measured
+    for one head must not be read for another of a different depth or width run later as the
+    same ``block#I``; heads of one shape draft at one cost, so the shape names it."""
+    if policy != "auto":
+        return f"block#{index}"
+    shape = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
+    return f"block#{index}-{hashlib.sha256(shape.encode()).hexdigest()[:8]}"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", default="mtbench-humaneval")
-    p.add_argument("--per-category", type=int, default=1)
+    p.add_argument(
+        "--per-category", type=int, default=1, help="conversations per category (0: all)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--budget", type=int, default=8, help="tree nodes per round")
     p.add_argument("--policy", default="best_first", help="tree policy (see eaglepangu bench)")
@@ -36,10 +58,13 @@ def main(argv=None) -> int:
     )
     p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
-    if args.per_category < 1 or args.max_new_tokens < 1 or args.budget < 1:
-        p.error("--per-category, --max-new-tokens and --budget must be >= 1")
+    if args.per_category < 0:
+        p.error("--per-category must be >= 0 (0: every conversation)")
+    if args.max_new_tokens < 1 or args.budget < 1:
+        p.error("--max-new-tokens and --budget must be >= 1")
 
     from eaglepangu_jax import runtime
+    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
     from eaglepangu_jax.drafters import block
     from eaglepangu_jax.drafters.checkpoint import load_checkpoint
     from eaglepangu_jax.engine.config import SpecConfig
@@ -77,9 +102,18 @@ def main(argv=None) -> int:
             params = block.with_depth_temperature(params, config, temperature)
         drafter = dataclasses.replace(shipped.drafter, config=config)
         methods.append(
-            dataclasses.replace(shipped, name=f"block#{i}", drafter=drafter, draft_params=params)
+            dataclasses.replace(
+                shipped,
+                name=method_name(i, config, args.policy),
+                drafter=drafter,
+                draft_params=params,
+            )
         )
-    conversations = per_category(load_suite(args.suite), args.per_category)
+    if args.policy == "auto":  # the controller reads each drafter's cost per round
+        ensure_calibration(teacher, controlled_methods(methods))
+    conversations = load_suite(args.suite)
+    if args.per_category:
+        conversations = per_category(conversations, args.per_category)
     report = run_bench(teacher, conversations, methods, renderer)
     report["block_heads"] = {
         "suite": args.suite,

@@ -60,3 +60,25 @@ def test_a_head_with_another_block_size_is_refused_naming_both(script, tmp_path,
     assert exc.value.code == 2 and f"--checkpoint {shorter}" in err
     assert "blocks of 4" in err and f"with {config.block_size}" in err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_under_the_controller_a_head_is_named_by_its_shape(script):
+    """The calibration keeps drafting costs by method name: under ``--policy auto`` a head of
+    another depth gets another name (so another measured cost), one of the same shape the
+    same; every-round runs keep the plain ``block#I``."""
+    from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
+
+    config, *_ = checkpoint_lib.load_checkpoint(SHIPPED, fingerprint=None)
+    deeper = dataclasses.replace(config, num_layers=config.num_layers + 1)
+    assert script.method_name(0, config, "best_first") == "block#0"
+    same = script.method_name(0, config, "auto")
+    assert same.startswith("block#0-") and same == script.method_name(0, config, "auto")
+    assert script.method_name(0, deeper, "auto") != same
+
+
+def test_a_negative_conversation_count_is_refused(script, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        script.main(
+            ["--per-category", "-1", "--checkpoint", str(SHIPPED), "--json", str(tmp_path / "r")]
+        )
+    assert exc.value.code == 2 and "--per-category must be >= 0" in capsys.readouterr().err
