@@ -17,8 +17,9 @@ every round, so acceptance is compared, not the controller's choices::
 measured once per head shape on this machine and kept in its calibration, so a deeper head
 pays its own cost there, not the shipped head's.
 
-Methods are named ``block`` (shipped) and ``block#I`` (the ``I``-th checkpoint); the JSON is
-the bench report with a ``block_heads`` entry naming the checkpoints.
+Methods are named ``block`` (shipped) and ``block#I`` (the ``I``-th checkpoint; under
+``--policy auto`` ``block#I-<8 hex>``, the hex naming its shape); the JSON is the bench
+report with a ``block_heads`` entry naming the checkpoints.
 """
 
 from __future__ import annotations
