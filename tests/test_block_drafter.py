@@ -19,6 +19,7 @@ from eaglepangu_jax.drafters.vocab import build_vocab, token_counts
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.decode import Teacher, generate
 from eaglepangu_jax.engine.drafter import DraftContext
+from eaglepangu_jax.methods.registry import Method
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 from eaglepangu_jax.training import data as data_lib
@@ -75,7 +76,15 @@ def _marginals(drafter, params, ctx):
 def test_config_shapes_and_validation(tiny):
     _, cfg, params = tiny
     assert cfg.feature_layers == eagle3.Eagle3Config.for_teacher(CFG, 24).feature_layers
-    assert {k: tuple(v.shape) for k, v in params["head"].items()} == cfg.head_shapes()
+    # The drafting layout: decoder weights per layer, everything else as stored.
+    prepared, shapes = params["head"], cfg.head_shapes()
+    assert len(prepared["layers"]) == cfg.num_layers
+    for layer in prepared["layers"]:
+        assert {k: tuple(v.shape) for k, v in layer.items()} == {
+            k: shapes[k][1:] for k in block.DECODER_KEYS
+        }
+    rest = {k: tuple(v.shape) for k, v in prepared.items() if k != "layers"}
+    assert rest == {k: v for k, v in shapes.items() if k not in block.DECODER_KEYS}
     assert cfg.head_shapes()["wq"] == (2, 32, 32) and cfg.head_shapes()["ctx_wk"] == (2, 32, 16)
     assert block.BlockConfig.from_json(cfg.to_json()) == cfg
     drafter = block.BlockDrafter(config=cfg)
@@ -97,7 +106,7 @@ def test_marginals_are_log_probs_on_draft_ids_and_never_nan(tiny, poison):
     if poison == "lm_head_column":
         head["lm_head"] = head["lm_head"].at[:, 5].set(jnp.nan)
     elif poison == "everything":
-        head = {k: jnp.full_like(v, jnp.nan) for k, v in head.items()}
+        head = jax.tree.map(lambda v: jnp.full_like(v, jnp.nan), head)
     params = {**params, "head": head}
     drafter = block.BlockDrafter(config=cfg, depth=3)
     m = np.asarray(jax.jit(lambda p, c: _marginals(drafter, p, c))(params, _context(cfg)))
@@ -111,6 +120,67 @@ def test_marginals_are_log_probs_on_draft_ids_and_never_nan(tiny, poison):
         np.testing.assert_allclose(jax.scipy.special.logsumexp(m, axis=-1), 0.0, atol=1e-5)
     else:
         assert np.all(m == -np.inf)  # a NaN anywhere in a row poisons its whole softmax
+
+
+def _stacked_and_prepared(cfg, embed, d2t, seed=1):
+    head = _with_injection(block.init_head(cfg, jax.random.key(seed)))
+    head = {k: v + 0.01 * jax.random.normal(jax.random.key(7), v.shape) for k, v in head.items()}
+    return eagle3.make_params(head, embed, d2t), block.make_params(head, embed, d2t)
+
+
+def test_prepared_head_drafts_exactly_as_the_stacked_one(tiny):
+    """The drafting layout changes where the weights live, not one bit of the marginals; the
+    training functions read either layout."""
+    params, cfg, _ = tiny
+    d2t = jnp.asarray((np.arange(24) * 4) % CFG.vocab_size, jnp.int32)
+    stacked, prepared = _stacked_and_prepared(cfg, params["embed"], d2t)
+    assert "layers" not in stacked["head"]
+    assert block.prepare_head(prepared["head"]) is prepared["head"]  # idempotent
+    drafter = block.BlockDrafter(config=cfg)
+    ctx = _context(cfg)
+    run = jax.jit(lambda p, c: _marginals(drafter, p, c))
+    np.testing.assert_array_equal(np.asarray(run(prepared, ctx)), np.asarray(run(stacked, ctx)))
+    eager = [np.asarray(_marginals(drafter, p, ctx)) for p in (prepared, stacked)]
+    np.testing.assert_array_equal(*eager)
+
+
+def test_prepared_head_reads_its_layer_weights_in_place():
+    """Drafting from the stacked layout, XLA on CPU copies every layer's weight slice into
+    the call's temporaries (28 MB a round for the shipped head); from the prepared one the
+    temporaries stay far below the layer weights' size."""
+    teacher_cfg = dataclasses.replace(
+        CFG, hidden_size=256, intermediate_size=1024, num_heads=4, num_kv_heads=2, head_dim=64
+    )
+    cfg = block.BlockConfig.for_teacher(teacher_cfg, 64, block_size=4, num_layers=2)
+    embed = jax.random.normal(jax.random.key(0), (CFG.vocab_size, 256), jnp.float32)
+    d2t = jnp.arange(64, dtype=jnp.int32)
+    stacked, prepared = _stacked_and_prepared(cfg, embed, d2t)
+    layer_bytes = sum(
+        v.size * v.dtype.itemsize for layer in prepared["head"]["layers"] for v in layer.values()
+    )
+    drafter = block.BlockDrafter(config=cfg)
+    ctx = _context(cfg)
+    state = drafter.init_state(prepared, ctx)
+
+    def temp_bytes(params):
+        compiled = (
+            jax.jit(lambda p, s, c: drafter.propose(p, s, c, None).marginals)
+            .lower(params, state, ctx)
+            .compile()
+        )
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    assert temp_bytes(prepared) < layer_bytes / 4, (temp_bytes(prepared), layer_bytes)
+
+
+def test_the_drafting_cost_key_names_the_block_drafters_cost_revision(tiny):
+    """A calibration's block cost measured before the layers were read in place (twice the
+    cost) is not read: the key names the revision, so the next controlled run measures it."""
+    _, cfg, params = tiny
+    spec = SpecConfig(policy="auto", budget=8, depth=4)
+    method = Method(name="block", spec=spec, drafter=block.BlockDrafter(config=cfg))
+    assert block.BlockDrafter.cost_revision == 1
+    assert cal_curve.draft_cost_key(method) == "block:budget=8,depth=4,rev=1"
 
 
 def test_jit_equals_eager(tiny):

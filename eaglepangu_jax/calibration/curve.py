@@ -202,10 +202,15 @@ def draft_cost_key(method: methods_lib.Method) -> str:
     nodes to depth 6 against the same head as MTP (one node), so a cost measured for one
     shape must not be read for another. A draft-target beam tree also names its width: it
     drafts ``top_k`` rows per level where chains of the same budget and depth may draft
-    fewer."""
+    fewer. A drafter whose code drafts the same tree at another cost than before carries a
+    ``cost_revision`` (class attribute, 0 when absent), named in the key from 1 up: a cost
+    measured before the change is then not read, and the next controlled run measures it."""
     key = f"{method.name}:budget={method.spec.budget},depth={method.spec.depth}"
     if getattr(method.drafter, "tree_shape", "chains") == "beam":
         key += f",beam={method.drafter.top_k}"
+    revision = getattr(method.drafter, "cost_revision", 0)
+    if revision:
+        key += f",rev={revision}"
     return key
 
 
