@@ -1,0 +1,38 @@
+"""``bench/matmul_rows.py``: the teacher's weight products timed at several row counts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import load_bench_script
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_bench_script("matmul_rows")
+
+
+def test_one_layer_at_two_row_counts_writes_its_report(script, tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    argv = ["--rows", "1,3", "--repeats", "2", "--layers", "1", "--json", str(out)]
+    assert script.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["layers"] == 1 and report["repeats"] == 2
+    assert set(report["rows"]) == {"1", "3"}
+    one, three = report["rows"]["1"], report["rows"]["3"]
+    assert one["vs_one_row"] == 1.0 and len(three["times_ms"]) == 2
+    assert three["vs_one_row"] == pytest.approx(three["median_ms"] / one["median_ms"])
+    # One layer of SmolLM2's shapes plus its tied lm_head, float32.
+    assert report["weight_bytes"] == 4 * (
+        2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 + 576 * 49152
+    )
+    assert "x 1 row" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", [["--rows", "0"], ["--rows", "a,b"], ["--layers", "0"]])
+def test_bad_arguments_are_refused_by_name(script, tmp_path, bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        script.main([*bad, "--json", str(tmp_path / "r.json")])
+    assert exc.value.code == 2 and "--rows" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
