@@ -20,6 +20,7 @@ from eaglepangu_jax.cli import corpus as corpus_cli
 from eaglepangu_jax.cli import errors
 from eaglepangu_jax.cli import experiments as experiments_cli
 from eaglepangu_jax.cli import generate as generate_cli
+from eaglepangu_jax.cli import ngram_table as ngram_table_cli
 from eaglepangu_jax.cli import trace as trace_cli
 
 __all__ = ["build_parser", "main"]
@@ -42,6 +43,7 @@ experiments (each a grid of settings run side by side with greedy; JSON + PNG):
   calibrate      time the verify forward on this machine, fit the roofline, save it
   train-draft    reproduce a shipped drafter (self-distillation + training)
   corpus         grow the self-distilled corpus: user turns the teacher writes, its answers
+  ngram-table    count the corpus n-gram table the ngram-corpus drafter reads
 """
 
 EPILOG = """\
@@ -139,6 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     corpus_cli.add_arguments(k)
     k.set_defaults(command_parser=k)
+    n = sub.add_parser(
+        "ngram-table",
+        formatter_class=args_lib.Formatter,
+        help="count the corpus n-gram table of the ngram-corpus drafter",
+        description="Count, over the training answers of the corpora, the most frequent next\n"
+        "token after every context of one to three tokens; write the table the\n"
+        "ngram-corpus drafter reads (safetensors + JSON with its provenance).",
+        epilog="example:\n  eaglepangu ngram-table            # the packaged table, remade",
+    )
+    ngram_table_cli.add_arguments(n)
+    n.set_defaults(command_parser=n)
     for name, (add_arguments, _) in experiments_cli.COMMANDS.items():
         e = sub.add_parser(
             name,
@@ -199,4 +212,6 @@ def _dispatch(args: argparse.Namespace, sub: argparse.ArgumentParser, teacher, r
         return calibrate_cli.run(args, teacher=teacher)
     if args.command == "corpus":
         return corpus_cli.run(sub, args, teacher=teacher)
+    if args.command == "ngram-table":
+        return ngram_table_cli.run(sub, args)
     return experiments_cli.COMMANDS[args.command][1](args, teacher=teacher, renderer=renderer)

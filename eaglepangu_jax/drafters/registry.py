@@ -16,6 +16,7 @@ from eaglepangu_jax.drafters.block import BlockDrafter
 from eaglepangu_jax.drafters.draft_target import DraftTargetDrafter
 from eaglepangu_jax.drafters.eagle3 import Eagle3Drafter
 from eaglepangu_jax.drafters.ngram import NGramDrafter
+from eaglepangu_jax.drafters.ngram_corpus import CorpusNGramDrafter
 
 __all__ = [
     "DRAFTERS",
@@ -30,6 +31,7 @@ __all__ = [
 
 DRAFTERS: dict[str, type] = {
     "ngram": NGramDrafter,
+    "ngram-corpus": CorpusNGramDrafter,  # n-gram plus the corpus table (packaged counts)
     "eagle3": Eagle3Drafter,
     "block": BlockDrafter,
     "draft-target": DraftTargetDrafter,  # an independent draft LM (truncated teacher: methods)
@@ -38,7 +40,7 @@ DRAFTERS: dict[str, type] = {
 }
 NAMES: tuple[str, ...] = tuple(DRAFTERS)
 # Drafters whose weights ship with the library (loaded by :func:`load_shipped`).
-TRAINED: tuple[str, ...] = ("eagle3", "block", "mtp", "draft-distilled")
+TRAINED: tuple[str, ...] = ("eagle3", "block", "mtp", "draft-distilled", "ngram-corpus")
 # Drafters that propose per-depth marginals, which a tree policy shapes (best-first, auto),
 # rather than a ready tree.
 MARGINAL: tuple[str, ...] = ("block",)

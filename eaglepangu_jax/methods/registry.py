@@ -255,6 +255,8 @@ def _make_method(
         return _peer_method(name, spec, torch_threads)
     if name == "ngram":
         drafter, params = make_drafter("ngram", depth=spec.depth, budget=spec.budget), None
+    elif name == "ngram-corpus":
+        drafter, params = load_shipped(name, depth=spec.depth, budget=spec.budget)
     elif name == "mtp":  # one drafted token per round, whatever the spec's tree settings
         drafter, params = load_shipped("mtp")
         spec = dataclasses.replace(spec, budget=1, depth=1)
