@@ -229,3 +229,41 @@ def test_shipped_table_provenance():
         train = [s["sha256"] for s in manifest["shards"] if s["split"] == "train"]
         assert source["shard_sha256"] == train  # held-out shards never counted
         assert manifest["teacher"] == meta["teacher"]
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+def write_corpus(folder, teacher_fp, train_answers, heldout_answers):
+    """A corpus folder: one training and one held-out shard, and its manifest."""
+    from eaglepangu_jax.training import corpus as corpus_lib
+
+    shards = []
+    for split, answers in (("train", train_answers), ("heldout", heldout_answers)):
+        shard = corpus_lib.pack([[1]] * len(answers), answers)
+        meta = corpus_lib.save_corpus_shard(folder / "answers", split, shard, {"kind": "answers"})
+        shards.append({"key": split, "split": split, "sha256": meta["sha256"]})
+    manifest = {"format": "eaglepangu corpus", "teacher": teacher_fp, "shards": shards}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_command_counts_training_answers_only(tmp_path, monkeypatch, capsys):
+    from eaglepangu_jax.cli import app
+    from eaglepangu_jax.models import smollm2
+
+    monkeypatch.setattr(smollm2, "teacher_fingerprint", lambda: "f" * 64)
+    write_corpus(tmp_path, "f" * 64, [[4, 5, 6], [4, 5, 6]], [[4, 5, 9], [4, 5, 9], [4, 5, 9]])
+    out = tmp_path / "table"
+    argv = ["--no-compile-cache", "ngram-table", "--corpus", str(tmp_path), "--out", str(out)]
+    assert app.main(argv) == 0
+    assert "rows" in capsys.readouterr().out
+    counted, meta = load_counted(str(out), fingerprint="f" * 64)
+    assert as_dict(counted) == plain_count([[4, 5, 6], [4, 5, 6]], min_count=2)
+    assert meta["answer_tokens"] == 6 and meta["corpora"][0]["train_shards"] == 1
+    # Another teacher's corpus is refused by name, and nothing is written.
+    write_corpus(tmp_path, "e" * 64, [[4, 5, 6]], [[4]])
+    with pytest.raises(SystemExit) as stop:
+        app.main(argv[:-1] + [str(tmp_path / "other")])
+    assert stop.value.code == 2
+    assert "another teacher" in capsys.readouterr().err
+    assert not (tmp_path / "other.json").exists()

@@ -119,8 +119,9 @@ def add_demo_parser(sub) -> argparse.ArgumentParser:
         "demo",
         formatter_class=args_lib.Formatter,
         help="a few-minute side-by-side demo",
-        description=f"Greedy vs the shipped drafter (eagle3 if available, else ngram) and\n"
-        f"ngram on {len(DEMO_TURNS)} short turns (MT-Bench and HumanEval), "
+        description=f"Greedy vs the shipped drafter (eagle3 if available, else ngram),\n"
+        f"ngram, ngram-corpus and block on {len(DEMO_TURNS)} short turns (MT-Bench and "
+        f"HumanEval), "
         f"{DEMO_MAX_NEW_TOKENS} new tokens each.\n"
         f"Prints tokens/s, speed-up over greedy, accepted length and whether each\n"
         f"output is identical to greedy's.",
@@ -224,6 +225,10 @@ def run_demo(parser, args, teacher=None, renderer=None) -> int:
     except (ValueError, DrafterUnavailableError) as err:
         args_lib.note(f"shipped drafter: ngram (eagle3 unavailable: {err})")
     methods.append(make_method("ngram", spec))
+    try:
+        methods.append(make_method("ngram-corpus", spec))
+    except (ValueError, DrafterUnavailableError) as err:
+        args_lib.note(f"ngram-corpus drafter left out: {err}")
     try:
         methods.append(make_method("block", spec, default_depth=True))
     except (ValueError, DrafterUnavailableError) as err:

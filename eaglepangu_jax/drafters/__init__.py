@@ -1,6 +1,8 @@
 """Drafters: what proposes the tree each round.
 
 * :class:`NGramDrafter`: training-free retrieval from the context (prompt lookup).
+* :class:`CorpusNGramDrafter`: the same plus one continuation from an n-gram table counted
+  over the teacher's corpus (:mod:`~eaglepangu_jax.drafters.ngram_table`; shipped table).
 * :class:`Eagle3Drafter`: the EAGLE-3 head on the teacher's features (trained, shipped).
 * :class:`BlockDrafter`: a DFlash-style block drafter, per-depth marginals in one pass
   (trained, shipped).
@@ -24,6 +26,7 @@ from eaglepangu_jax.drafters.draft_target import (
 from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig
 from eaglepangu_jax.drafters.eagle3 import Eagle3Drafter, load_shipped_eagle3
 from eaglepangu_jax.drafters.ngram import NGramDrafter
+from eaglepangu_jax.drafters.ngram_corpus import CorpusNGramDrafter, load_shipped_ngram_corpus
 from eaglepangu_jax.drafters.registry import (
     DRAFTERS,
     NAMES,
@@ -37,6 +40,7 @@ __all__ = [
     "DRAFTERS",
     "NAMES",
     "BlockDrafter",
+    "CorpusNGramDrafter",
     "DrafterUnavailableError",
     "DraftModelConfig",
     "DraftTargetDrafter",
@@ -49,6 +53,7 @@ __all__ = [
     "load_shipped_block",
     "load_shipped_draft_distilled",
     "load_shipped_eagle3",
+    "load_shipped_ngram_corpus",
     "load_starting_head",
     "make_drafter",
     "save_checkpoint",

@@ -1,0 +1,106 @@
+"""The ngram-corpus drafter's settings side by side in the engine: greedy, the n-gram drafter
+and one ``ngram-corpus`` method per ``--weights`` value (and, with ``--min-counts``, per table
+counted with another ``min_count``), interleaved per turn on the same prompts, under the
+default controller.
+
+Settings are chosen on the dev suite (human-written, kept apart from the evaluation suites)::
+
+    PYTHONPATH=. python3 bench/ngram_corpus_variants.py --suite dev --per-category 2 \\
+        --weights 0.25,1,4 --min-counts 1 --json variants.json
+
+Methods are named ``ngram-corpus:w=W`` (the packaged table) and ``ngram-corpus:mc=M`` (a
+table counted with ``min_count = M`` over the same corpora, weight 1); the JSON is the bench
+report with an ``ngram_corpus_variants`` entry naming them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+
+def parse_floats(text: str) -> list[float]:
+    values = [float(v) for v in text.split(",") if v.strip()]
+    if any(not v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"weights must be >= 0, got {text!r}")
+    return values
+
+
+def parse_counts(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"min counts must be >= 1, got {text!r}")
+    return values
+
+
+def main(argv=None, *, teacher=None, renderer=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", default="dev")
+    p.add_argument(
+        "--per-category", type=int, default=2, help="conversations per category (0: all)"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--budget", type=int, default=8, help="tree nodes per round (ceiling)")
+    p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--weights", type=parse_floats, default=[1.0], help="corpus_weight values")
+    p.add_argument(
+        "--min-counts", type=parse_counts, default=[], help="extra tables' min_count values"
+    )
+    p.add_argument("--json", required=True, help="the report to write")
+    args = p.parse_args(argv)
+
+    from importlib import resources
+
+    from eaglepangu_jax import runtime
+    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
+    from eaglepangu_jax.cli.ngram_table import DEFAULT_CORPORA
+    from eaglepangu_jax.drafters import ngram_table
+    from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.evaluation import suites
+    from eaglepangu_jax.evaluation.report import format_summary, write_report
+    from eaglepangu_jax.evaluation.run import run_bench
+    from eaglepangu_jax.methods.registry import make_method
+    from eaglepangu_jax.models.smollm2 import teacher_fingerprint
+    from eaglepangu_jax.training.ngram_counts import training_answers
+
+    spec = SpecConfig(
+        budget=args.budget, depth=args.depth, max_new_tokens=args.max_new_tokens, policy="auto"
+    )
+    base = make_method("ngram-corpus", spec)
+    methods = [make_method("greedy", spec), make_method("ngram", spec)]
+    for w in args.weights:
+        drafter = dataclasses.replace(base.drafter, corpus_weight=w)
+        methods.append(dataclasses.replace(base, name=f"ngram-corpus:w={w:g}", drafter=drafter))
+    if args.min_counts:
+        package = resources.files("eaglepangu_jax") / "data"
+        answers = []
+        for name in DEFAULT_CORPORA:
+            answers += training_answers(str(package / name), teacher_fingerprint())[0]
+        for m in args.min_counts:
+            table = ngram_table.hash_table(ngram_table.count_table(answers, min_count=m))
+            methods.append(
+                dataclasses.replace(base, name=f"ngram-corpus:mc={m}", draft_params=table)
+            )
+    conversations = suites.load_suite(args.suite)
+    if args.per_category:
+        conversations = suites.per_category(conversations, args.per_category)
+    if teacher is None:
+        teacher = runtime.load_teacher()
+        ensure_calibration(teacher, controlled_methods(methods), progress=False)
+    renderer = renderer if renderer is not None else runtime.load_renderer()
+    report = run_bench(teacher, conversations, methods, renderer, progress=False)
+    report["ngram_corpus_variants"] = {
+        "weights": args.weights,
+        "min_counts": args.min_counts,
+        "suite": args.suite,
+        "per_category": args.per_category,
+    }
+    write_report(args.json, report)
+    print(format_summary(report))
+    print(json.dumps({"report": args.json}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
