@@ -174,7 +174,28 @@ def test_registry_and_bad_settings():
             CorpusNGramDrafter(corpus_weight=bad)
 
 
-def test_engine_is_lossless_and_the_table_helps(teacher):  # noqa: F811
+PROPERTY_DRAFTER = CorpusNGramDrafter(depth=4, budget=7, num_matches=4)
+_property_tree = jax.jit(PROPERTY_DRAFTER.tree)
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 4), min_size=2, max_size=12), min_size=1, max_size=5),
+    st.lists(st.integers(0, 4), min_size=16, max_size=16),
+    st.integers(0, 16),
+    st.sampled_from([0, 0, 2, 9]),
+)
+def test_property_trees_are_valid_and_scores_fall_along_paths(seqs, buf, n_tok, start):
+    table = ngram_table.hash_table(ngram_table.count_table(seqs, min_count=1), bits=8)
+    tree = _property_tree(table, jnp.asarray(buf, jnp.int32), n_tok, start)
+    assert bool(T.is_valid(tree))
+    valid = np.asarray(tree.valid)
+    assert valid.sum() <= PROPERTY_DRAFTER.budget + 1
+    score = np.asarray(tree.logscore)
+    assert np.all(score[valid] <= score[np.asarray(tree.parents)][valid] + 1e-6)
+    assert np.all(score[valid][1:] <= 1e-6)  # probabilities, never above 1
+
+
+def test_engine_is_lossless_and_the_table_helps(teacher, monkeypatch):  # noqa: F811
     expected = naive_greedy(teacher, PROMPT, 24)
     # A table counted over the teacher's own continuation: its path is often right.
     table = ngram_table.hash_table(ngram_table.count_table([expected], min_count=1))
@@ -182,6 +203,12 @@ def test_engine_is_lossless_and_the_table_helps(teacher):  # noqa: F811
     drafter = CorpusNGramDrafter(depth=3, budget=6)
     result = gen.generate(teacher, drafter, PROMPT, spec, draft_params=table)
     assert result.tokens == expected
+    # Reference mode checks every tree invariant inside the compiled step: same rounds.
+    monkeypatch.setenv("EAGLEPANGU_MODE", "reference")
+    checked = gen.generate(teacher, drafter, PROMPT, spec, draft_params=table)
+    assert checked.tokens == expected
+    assert checked.stats.accepted_per_round == result.stats.accepted_per_round
+    monkeypatch.setenv("EAGLEPANGU_MODE", "performance")
     plain = gen.generate(teacher, NGramDrafter(depth=3, budget=6), PROMPT, spec)
     assert plain.tokens == expected
     assert result.stats.accepted_length > plain.stats.accepted_length
