@@ -191,6 +191,13 @@ class NGramDrafter:
     ) -> tree_lib.Tree:
         """The proposed tree for a raw buffer (``budget + 1`` slots, depth ``depth``)."""
         tokens = jnp.asarray(tokens, jnp.int32)
+        paths, path_len, weight = self.candidates(tokens, num_tokens, start)
+        return self.merge(tokens, num_tokens, paths, path_len, weight)
+
+    def candidates(
+        self, tokens: Int[Array, " C"], num_tokens: Int[ArrayLike, ""], start: Int[ArrayLike, ""]
+    ) -> tuple[Int[Array, "M D"], Int[Array, " M"], Float[Array, " M"]]:
+        """The context continuations (:func:`find_candidates`) and their path weights."""
         paths, path_len, match_len = find_candidates(
             tokens,
             num_tokens,
@@ -200,14 +207,27 @@ class NGramDrafter:
             num_matches=self.num_matches,
             depth=self.depth,
         )
-        weight = self._weights(match_len)
+        return paths, path_len, self._weights(match_len)
+
+    def merge(
+        self,
+        tokens: Int[Array, " C"],
+        num_tokens: Int[ArrayLike, ""],
+        paths: Int[Array, "P D"],
+        path_len: Int[Array, " P"],
+        weight: Float[Array, " P"],
+        shift: Float[ArrayLike, ""] = 0.0,
+    ) -> tree_lib.Tree:
+        """Candidate paths (best first) merged into a tree rooted at the last committed token;
+        a node scores its paths' weight share times the depth decay, times ``exp(shift)``."""
         last = jnp.clip(jnp.asarray(num_tokens, jnp.int32) - 1, 0, tokens.shape[0] - 1)
         tree = tree_lib.from_paths(
             tokens[last], paths, path_len, budget=self.budget, path_weight=weight
         )
         further = jnp.maximum(tree.depth - 1, 0).astype(jnp.float32)
         decay = further * jnp.log(jnp.float32(self.continue_prob))
-        return dataclasses.replace(tree, logscore=tree.logscore + decay)  # padding stays -inf
+        # padding stays -inf
+        return dataclasses.replace(tree, logscore=tree.logscore + shift + decay)
 
     def _weights(self, match_len: Int[Array, " M"]) -> Float[Array, " M"]:
         exponent = jnp.maximum(match_len - 1, 0).astype(jnp.float32)

@@ -33,7 +33,7 @@ from jaxtyping import Array, ArrayLike, Int
 
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.drafters import ngram_table
-from eaglepangu_jax.drafters.ngram import NGramDrafter, find_candidates
+from eaglepangu_jax.drafters.ngram import NGramDrafter
 from eaglepangu_jax.engine.drafter import DraftContext, Proposal
 
 __all__ = [
@@ -92,15 +92,7 @@ class CorpusNGramDrafter(NGramDrafter):
         tokens = jnp.asarray(tokens, jnp.int32)
         c = tokens.shape[0]
         num_tokens = jnp.clip(jnp.asarray(num_tokens, jnp.int32), 0, c)
-        paths, path_len, match_len = find_candidates(
-            tokens,
-            num_tokens,
-            start,
-            min_ngram=self.min_ngram,
-            max_ngram=self.max_ngram,
-            num_matches=self.num_matches,
-            depth=self.depth,
-        )
+        paths, path_len, match_w = self.candidates(tokens, num_tokens, start)
         # The last MAX_ORDER visible committed tokens (the root last) seed the corpus path.
         k = ngram_table.MAX_ORDER
         index = num_tokens - k + jnp.arange(k, dtype=jnp.int32)
@@ -109,24 +101,18 @@ class CorpusNGramDrafter(NGramDrafter):
         corpus, corpus_lp, corpus_len = ngram_table.continuation(table, recent, visible, self.depth)
         corpus_w = self.corpus_weight * jnp.exp(corpus_lp[0])
         corpus_len = jnp.where(corpus_w > 0, corpus_len, 0)  # weight 0: no corpus path at all
-        weight = jnp.concatenate([self._weights(match_len), corpus_w[None]])
+        weight = jnp.concatenate([match_w, corpus_w[None]])
         weight = jnp.where(jnp.concatenate([path_len, corpus_len[None]]) > 0, weight, 0.0)
         # Heaviest path first: from_paths keeps the first paths when the budget runs out.
         order = jnp.argsort(-weight, stable=True)
         all_paths = jnp.concatenate([paths, corpus[None]])[order]
         all_len = jnp.concatenate([path_len, corpus_len[None]])[order]
         weight = weight[order]
-        last = jnp.clip(num_tokens - 1, 0, c - 1)
-        tree = tree_lib.from_paths(
-            tokens[last], all_paths, all_len, budget=self.budget, path_weight=weight
-        )
         # from_paths normalises by the total weight; a total below 1 (the corpus path alone)
         # is normalised by 1 instead, so that path keeps its own frequency as its score.
         total = jnp.sum(weight)
         shrink = jnp.log(jnp.where(total > 0, total / jnp.maximum(total, 1.0), 1.0))
-        further = jnp.maximum(tree.depth - 1, 0).astype(jnp.float32)
-        decay = further * jnp.log(jnp.float32(self.continue_prob))
-        return dataclasses.replace(tree, logscore=tree.logscore + shrink + decay)
+        return self.merge(tokens, num_tokens, all_paths, all_len, weight, shrink)
 
 
 def save_counted(path: str, counted: ngram_table.CountedTable, meta: dict[str, Any]) -> None:
