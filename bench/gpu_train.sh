@@ -13,10 +13,12 @@
 #   3. optionally (BENCH_SECONDS > 0), greedy against the shipped EAGLE-3 head side by side on
 #      a few evaluation turns.
 #
-# Everything that should come back lands under $OUT (or ./out), nine files at most:
+# Everything that should come back lands under $OUT (or ./out):
 #   corpus.log, corpus_new.tar (the new shards and the manifest: token ids only), train.log,
 #   block_smollm2.{safetensors,json} and eagle3_smollm2.{safetensors,json} (the exported
-#   heads), bench.log, bench.json.
+#   heads), bench.log, bench.json. A file over PART_BYTES (default 15 MiB: what one file
+#   brought back from such a machine may weigh) is split into NAME.part00, NAME.part01, ...;
+#   `cat NAME.part* > NAME` joins them.
 # Unpack corpus_new.tar into eaglepangu_jax/data/corpus and check each head offline
 # (bench/heldout_heads.py) and in the engine before shipping it; a head trained for many
 # epochs grows overconfident, so choose an EAGLE-3 head's draft temperature
@@ -38,10 +40,14 @@
 # uses the recipe of its shipped CPU stages since session 28 (no context window, a depth-1
 # loss at every position: the block model card, "Fifth stage"); it has not run on a GPU yet.
 #
+# Each head's schedule is fitted to its time (--fit-schedule: the first steps are timed and the
+# cosine schedule shortened so the learning rate has decayed when its time ends; TRAIN_STEPS
+# is the ceiling), since the step rate of a lent GPU is not known before the run.
+#
 # Settings (environment): JOB_SECONDS (460: the deadline), CORPUS_SECONDS (45; 0 skips phase
 # 1), CORPUS_TARGET (5000000 answer tokens), TRAIN_KINDS ("block eagle3"), BLOCK_SECONDS (100
-# s of steps at most), EAGLE3_SECONDS (100), TRAIN_STEPS (3000, the schedules' length),
-# BATCH_SIZE (64), EVAL_EVERY (500), BENCH_SECONDS (0), CORPUS_DIR and WRITTEN_DIR (the
+# s of steps at most), EAGLE3_SECONDS (100), TRAIN_STEPS (20000, the schedules' ceiling),
+# BATCH_SIZE (64), EVAL_EVERY (500), PART_BYTES (15728640), BENCH_SECONDS (0), CORPUS_DIR and WRITTEN_DIR (the
 # package's corpora), BLOCK_INIT and EAGLE3_INIT (the shipped heads). The features of the
 # ~125 shards the first head reads are the unknown: at session 25's rate (60 shards and the
 # set-up in about 100 s) about 200 s, which leaves the second head a minute or so of steps.
@@ -56,9 +62,10 @@ corpus_target="${CORPUS_TARGET:-5000000}"
 train_kinds="${TRAIN_KINDS:-block eagle3}"
 block_seconds="${BLOCK_SECONDS:-100}"
 eagle3_seconds="${EAGLE3_SECONDS:-100}"
-steps="${TRAIN_STEPS:-3000}"
+steps="${TRAIN_STEPS:-20000}"
 batch="${BATCH_SIZE:-64}"
 eval_every="${EVAL_EVERY:-500}"
+part_bytes="${PART_BYTES:-15728640}"
 bench_seconds="${BENCH_SECONDS:-0}"
 corpus="${CORPUS_DIR:-eaglepangu_jax/data/corpus}"
 written="${WRITTEN_DIR:-eaglepangu_jax/data/corpus-written}"
@@ -131,7 +138,7 @@ train_head() {  # kind, seconds of steps, export name, extra train-draft options
         --kind "$kind" --corpus "$corpus" --corpus "$written" --corpus "$written" \
         --corpus "$written" --out "$work/${kind}_ckpt" --export "$out/$name" \
         --steps "$steps" --batch-size "$batch" --eval-every "$eval_every" --warmup-steps 50 \
-        --time-limit "$seconds" --wall-limit "$((remaining - 30))" "$@" 2>&1 \
+        --time-limit "$seconds" --wall-limit "$((remaining - 30))" --fit-schedule "$@" 2>&1 \
         | tr '\r' '\n' | grep -v '^\s*$' >> "$out/train.log" || true
     stamp "$kind done" | tee -a "$out/train.log"
 }
@@ -163,3 +170,8 @@ if [ "$bench_seconds" -gt 20 ]; then
     stamp "bench done" | tee -a "$out/bench.log"
 fi
 rm -rf "$work"
+# Files too large to come back whole travel in parts.
+find "$out" -maxdepth 1 -type f -size +"${part_bytes}"c | while read -r big; do
+    split -b "$part_bytes" -d "$big" "$big.part" && rm "$big"
+    echo "split $(basename "$big") into $(ls "$big".part* | wc -l) parts (cat them to join)"
+done

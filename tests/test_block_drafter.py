@@ -363,6 +363,69 @@ def test_a_time_limit_ends_the_run_at_an_evaluated_checkpoint_that_resumes(tmp_p
         train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP, time_limit=0.0)
 
 
+class _Clock:
+    """A stand-in for ``time`` in the training loop: each reading is one second later."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        self.now += 1.0
+        return self.now
+
+
+def test_a_schedule_fitted_to_the_time_limit_is_the_run_of_that_length(tmp_path, monkeypatch):
+    """--fit-schedule: steps FIT_SKIP..FIT_SKIP+FIT_PROBE are timed (here one step a second),
+    the schedule is shortened to end at the time limit, and since the probe lies inside the
+    warmup (which does not depend on the length) the run equals a plain run of the fitted
+    length; the length is checkpointed and a resume keeps it."""
+    cfg, vocab, batches, embed = _fake_setup()
+    tc = train_lib.TrainConfig(
+        steps=200, batch_size=3, seq_len=16, anchors=6, warmup_steps=25, checkpoint_every=50
+    )
+    monkeypatch.setattr(train_lib, "time", _Clock())
+    fits = []
+    ckpt = tmp_path / "run"
+    _, fitted = train_lib.train(
+        batches,
+        cfg,
+        vocab,
+        embed,
+        tc,
+        fingerprint=FP,
+        checkpoint=ckpt,
+        progress=False,
+        time_limit=40.0,
+        fit_schedule=True,
+        on_fit=lambda n, rate: fits.append((n, rate)),
+        until=30,
+    )
+    # At step 23, 23 s have passed at 1 step/s: 17 s left, FIT_MARGIN of them planned.
+    probe_end = train_lib.FIT_SKIP + train_lib.FIT_PROBE
+    expected = probe_end + int(1.0 * (40.0 - probe_end) * train_lib.FIT_MARGIN)
+    assert fits == [(expected, pytest.approx(1.0))] and expected == 38
+    assert len(fitted) == 30  # until= still stops the run early
+    meta = checkpoint_lib.load_checkpoint(ckpt, fingerprint=FP)[3]
+    assert meta["step"] == 30 and meta["schedule_steps"] == expected
+    _, resumed = train_lib.train(
+        batches, cfg, vocab, embed, tc, fingerprint=FP, checkpoint=ckpt, progress=False
+    )
+    _, plain = train_lib.train(
+        batches,
+        cfg,
+        vocab,
+        embed,
+        dataclasses.replace(tc, steps=expected),
+        fingerprint=FP,
+        progress=False,
+    )
+    assert len(resumed) == len(plain) == expected
+    np.testing.assert_allclose(fitted, plain[:30], rtol=1e-5)
+    np.testing.assert_allclose(resumed, plain, rtol=1e-5)
+    with pytest.raises(ValueError, match="fit_schedule needs a time_limit"):
+        train_lib.train(batches, cfg, vocab, embed, tc, fingerprint=FP, fit_schedule=True)
+
+
 def test_training_learns_is_deterministic_and_resumes_to_the_same_curve(tmp_path):
     cfg, vocab, batches, embed = _fake_setup()
     tc = train_lib.TrainConfig(

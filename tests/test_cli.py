@@ -342,6 +342,14 @@ def test_train_draft_refuses_a_time_limit_that_is_not_positive(option, limit, tm
     assert exc.value.code == 2 and f"{option} must be > 0" in capsys.readouterr().err
 
 
+def test_train_draft_refuses_to_fit_a_schedule_without_a_limit(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["train-draft", "--out", str(tmp_path / "x"), "--fit-schedule"])
+    assert exc.value.code == 2 and "--fit-schedule fits the schedule to a limit" in (
+        capsys.readouterr().err
+    )
+
+
 @pytest.mark.parametrize(
     "time_limit, wall_limit, elapsed, expected",
     [

@@ -242,6 +242,45 @@ def test_rows_make_every_answer_token_a_target_exactly_once(length, prompt_len, 
     np.testing.assert_array_equal(seen, np.arange(length) >= prompt_len)
 
 
+def _reference_rate(step: int, peak: float, warmup: int, steps: int) -> float:
+    """The schedule as documented: linear warmup, cosine to 5% of the peak at ``steps``."""
+    warm = max(min(warmup, steps - 1), 1)
+    if step < warm:
+        return peak * step / warm
+    frac = min(max((step - warm) / max(steps - warm, 1), 0.0), 1.0)
+    return peak * (0.05 + 0.475 * (1.0 + np.cos(np.pi * frac)))
+
+
+@given(
+    steps=st.integers(1, 5000),
+    warmup=st.integers(0, 300),
+    at=st.floats(0.0, 1.2),
+)
+def test_lr_schedule_follows_its_formula_and_takes_a_traced_length(steps, warmup, at):
+    cfg = train_lib.TrainConfig(steps=steps, warmup_steps=warmup, learning_rate=3e-3)
+    step = int(at * steps)
+    want = _reference_rate(step, 3e-3, warmup, steps)
+    got = float(train_lib.lr_schedule(cfg)(step))
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-9)
+    # The length as a traced argument (how a schedule fitted mid-run is compiled) gives the
+    # same rates as a config of that length.
+    other = train_lib.TrainConfig(steps=9999, warmup_steps=warmup, learning_rate=3e-3)
+    traced = jax.jit(lambda n, c: train_lib.lr_schedule(other, n)(c))(steps, step)
+    assert float(traced) == pytest.approx(got, rel=1e-6, abs=1e-12)
+
+
+def test_fitted_schedule_steps_literal_cases():
+    fit = train_lib.fitted_schedule_steps
+    margin = train_lib.FIT_MARGIN
+    assert fit(23, 10.0, 100.0, 5000) == 23 + int(10.0 * 100.0 * margin)
+    assert fit(23, 10.0, 100.0, 500) == 500  # --steps is the ceiling
+    assert fit(23, 10.0, 0.0, 5000) == 24  # out of time: one more step, the last
+    assert fit(23, 10.0, -4.0, 5000) == 24
+    assert fit(23, 10.0, 100.0, 23) == 23  # already at the ceiling
+    with pytest.raises(ValueError, match="steps_per_second must be > 0"):
+        fit(23, 0.0, 100.0, 5000)
+
+
 def test_training_is_deterministic_and_resumes_to_the_same_curve(tmp_path):
     head_cfg, vocab, batches, embed = _fake_setup()
     tc = train_lib.TrainConfig(

@@ -177,6 +177,13 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         "set-up alone uses them up, one step runs. For jobs that must end by a deadline "
         "whatever the features cost (with both, the earlier limit applies)",
     )
+    parser.add_argument(
+        "--fit-schedule",
+        action="store_true",
+        help="with --time-limit or --wall-limit: time the first steps and shorten the schedule "
+        "(--steps is its ceiling, the warmup unchanged) so that the learning rate has decayed "
+        "when the limit ends the run; the fitted length is printed and saved with the weights",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ray-address", default=None)
     args = parser.parse_args(argv)
@@ -210,6 +217,10 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     for option, limit in (("--time-limit", args.time_limit), ("--wall-limit", args.wall_limit)):
         if limit is not None and not limit > 0:
             parser.error(f"{option} must be > 0 seconds, got {limit}")
+    if args.fit_schedule and args.time_limit is None and args.wall_limit is None:
+        parser.error(
+            "--fit-schedule fits the schedule to a limit: give --time-limit or --wall-limit"
+        )
     if args.holdout_shards < 0:
         parser.error(f"--holdout-shards must be >= 0, got {args.holdout_shards}")
     if args.train_shards is not None:
@@ -374,6 +385,15 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             )
         if Path(args.out).with_suffix(".json").exists():
             print(f"--out {args.out} holds a checkpoint: resuming it (--init-from starts runs)")
+    fitted = {}
+
+    def on_fit(schedule_steps: int, steps_per_second: float) -> None:
+        fitted.update(schedule_steps=schedule_steps, steps_per_second=steps_per_second)
+        print(
+            f"schedule fitted to the time limit: {schedule_steps} steps "
+            f"(--steps {cfg.steps}), {steps_per_second:.2f} steps/s"
+        )
+
     t_train = time.time()
     head, losses = train(
         batches,
@@ -388,8 +408,10 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         monitor=monitor if evaluating else None,
         monitor_every=args.eval_every,
         time_limit=steps_time_limit(args.time_limit, args.wall_limit, time.time() - t0),
+        fit_schedule=args.fit_schedule,
+        on_fit=on_fit,
     )
-    if len(losses) < cfg.steps:
+    if len(losses) < fitted.get("schedule_steps", cfg.steps):
         print(f"time limit reached after step {len(losses)}")
     extra = {
         "step": len(losses),
@@ -400,6 +422,8 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         "train_sequences": int(batches.tokens.shape[0]),
         "vocab_coverage": vocab.coverage,
     }
+    if fitted:
+        extra["fitted_schedule"] = fitted
     if started_from is not None:
         extra["init_from"] = started_from
     if args.soft_targets:

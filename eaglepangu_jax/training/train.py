@@ -55,6 +55,9 @@ __all__ = [
     "evaluate",
     "lr_schedule",
     "make_optimizer",
+    "FIT_SKIP",
+    "FIT_PROBE",
+    "fitted_schedule_steps",
     "batch_indices",
     "Kind",
     "KINDS",
@@ -345,31 +348,61 @@ def evaluate(
     }
 
 
-def lr_schedule(cfg: TrainConfig):
-    """Linear warmup to ``learning_rate``, then cosine decay to 5% of it at ``steps``.
+def lr_schedule(cfg: TrainConfig, total_steps=None):
+    """Linear warmup to ``learning_rate``, then cosine decay to 5% of it at ``total_steps``
+    (default ``cfg.steps``; it may be a traced integer, so a schedule fitted to a time limit
+    while training, :func:`fitted_schedule_steps`, needs no new compilation).
 
     Written out (not optax's helper) so every operation is dtype-explicit: the step count is
     int32 and the tests run under strict dtype promotion.
     """
-    peak, warm = cfg.learning_rate, max(min(cfg.warmup_steps, cfg.steps - 1), 1)
+    peak = jnp.float32(cfg.learning_rate)
+    total = jnp.asarray(cfg.steps if total_steps is None else total_steps).astype(jnp.float32)
+    # max(min(warmup, total - 1), 1); small integers are exact in float32, so a schedule of
+    # cfg.steps gives the same rates as when these were Python constants.
+    warm = jnp.maximum(jnp.minimum(jnp.float32(cfg.warmup_steps), total - 1.0), 1.0)
 
     def schedule(count):
         t = jnp.asarray(count).astype(jnp.float32)
-        warmup = jnp.float32(peak) * t / jnp.float32(warm)
-        frac = jnp.clip((t - jnp.float32(warm)) / jnp.float32(max(cfg.steps - warm, 1)), 0.0, 1.0)
-        cosine = jnp.float32(peak) * (
+        warmup = peak * t / warm
+        frac = jnp.clip((t - warm) / jnp.maximum(total - warm, 1.0), 0.0, 1.0)
+        cosine = peak * (
             jnp.float32(0.05)
             + jnp.float32(0.95 * 0.5) * (1.0 + jnp.cos(jnp.float32(math.pi) * frac))
         )
-        return jnp.where(t < jnp.float32(warm), warmup, cosine)
+        return jnp.where(t < warm, warmup, cosine)
 
     return schedule
 
 
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+def make_optimizer(cfg: TrainConfig, total_steps=None) -> optax.GradientTransformation:
+    """AdamW on :func:`lr_schedule` with gradient clipping at norm 1. The optimiser state does
+    not depend on ``total_steps``: one state serves every schedule length."""
     return optax.chain(
-        optax.clip_by_global_norm(1.0), optax.adamw(lr_schedule(cfg), weight_decay=cfg.weight_decay)
+        optax.clip_by_global_norm(1.0),
+        optax.adamw(lr_schedule(cfg, total_steps), weight_decay=cfg.weight_decay),
     )
+
+
+# Fitting the schedule to a time limit: the first FIT_SKIP steps of a run (compilation, warm
+# caches) are not timed, the next FIT_PROBE are.
+FIT_SKIP, FIT_PROBE = 3, 20
+FIT_MARGIN = 0.92  # of the time left: held-out evaluations and checkpoints also take some
+
+
+def fitted_schedule_steps(
+    done: int, steps_per_second: float, seconds_left: float, ceiling: int
+) -> int:
+    """Steps the schedule should span so that it ends when ``seconds_left`` run out.
+
+    ``done`` steps have run, at ``steps_per_second`` lately; :data:`FIT_MARGIN` of the time left
+    is planned for steps. Never more than ``ceiling`` (the configured ``steps``) and never
+    fewer than ``done + 1``: the run always takes one more step, its last, at the floor rate.
+    """
+    if not steps_per_second > 0:
+        raise ValueError(f"steps_per_second must be > 0, got {steps_per_second}")
+    planned = done + int(steps_per_second * max(seconds_left, 0.0) * FIT_MARGIN)
+    return int(min(max(planned, done + 1), ceiling))
 
 
 def batch_indices(step: int, num: int, cfg: TrainConfig) -> np.ndarray:
@@ -458,6 +491,8 @@ def train(
     monitor: Callable[[int, dict], None] | None = None,
     monitor_every: int = 100,
     time_limit: float | None = None,
+    fit_schedule: bool = False,
+    on_fit: Callable[[int, float], None] | None = None,
 ) -> tuple[dict, list[float]]:
     """Train a head of ``config``'s kind; returns ``(head, losses)``.
 
@@ -475,9 +510,19 @@ def train(
         fixed length: the schedule still spans ``cfg.steps`` (so the learning rate has not
         decayed to its floor when the limit cuts it), and the returned losses say how many
         steps ran.
+      fit_schedule: with ``time_limit``: time steps ``FIT_SKIP`` to ``FIT_SKIP + FIT_PROBE``
+        of the run and shorten the schedule so that it ends when the time limit does
+        (:func:`fitted_schedule_steps`; ``cfg.steps`` is the ceiling, the warmup unchanged),
+        so a lease of fixed length ends on a decayed learning rate whatever the machine's
+        speed. The fitted length is saved in the checkpoint (``schedule_steps``) and a resume
+        keeps it. Which length is fitted depends on the machine's speed; the run is otherwise
+        as deterministic as any.
+      on_fit: called as ``on_fit(schedule_steps, steps_per_second)`` once the schedule is fitted.
     """
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be > 0 seconds, got {time_limit}")
+    if fit_schedule and time_limit is None:
+        raise ValueError("fit_schedule needs a time_limit to fit the schedule to")
     kind = kind_of(config)
     embed = jnp.asarray(embed, jnp.float32)
     d2t = jnp.asarray(vocab.d2t)
@@ -489,7 +534,7 @@ def train(
         head = {k: jnp.asarray(v, jnp.float32) for k, v in initial_head.items()}
     opt = make_optimizer(cfg)
     opt_state = opt.init(head)
-    start, losses = 0, []
+    start, losses, schedule_steps = 0, [], cfg.steps
     if checkpoint is not None and resume and Path(checkpoint).with_suffix(".json").exists():
         _, head, _, meta, leaves = load_checkpoint(
             checkpoint, fingerprint=fingerprint, config=config
@@ -512,37 +557,60 @@ def train(
             treedef, [jnp.asarray(leaves[i]).astype(o.dtype) for i, o in enumerate(old)]
         )
         start, losses = int(meta["step"]), list(meta["losses"])
+        schedule_steps = int(meta.get("schedule_steps", cfg.steps))
+        fit_schedule = fit_schedule and "schedule_steps" not in meta
 
+    # The schedule's length is an argument, not a constant of the compiled step, so fitting it
+    # to a time limit mid-run costs no second compilation.
     @jax.jit
-    def step_fn(head, opt_state, arrays):
+    def step_fn(head, opt_state, arrays, total_steps):
         (loss, accs), grads = jax.value_and_grad(
             lambda h: kind.loss(h, config, embed, arrays, cfg), has_aux=True
         )(head)
         # optax's bias correction mixes a Python float with the int32 count, which strict
         # dtype promotion (as set by the test suite) rejects; our own code stays explicit.
         with jax.numpy_dtype_promotion("standard"):
-            updates, opt_state = opt.update(grads, opt_state, head)
+            updates, opt_state = make_optimizer(cfg, total_steps).update(grads, opt_state, head)
         return optax.apply_updates(head, updates), opt_state, loss, accs
 
-    stop = cfg.steps if until is None else min(until, cfg.steps)
-    steps = range(start, stop)
+    stop = schedule_steps if until is None else min(until, schedule_steps)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(steps, desc=kind.name, initial=start, total=cfg.steps)
-        steps = bar
+        bar = tqdm(desc=kind.name, initial=start, total=schedule_steps)
     num = batches.tokens.shape[0]
     began = time.monotonic()
-    for step in steps:
+    probe_from = probe_to = None
+    if fit_schedule:
+        probe_from, probe_to = start + FIT_SKIP, start + FIT_SKIP + FIT_PROBE
+    probe_began = began
+    step = start
+    while step < stop:
         rows = batch_indices(step, num, cfg)
         arrays = tuple(jnp.asarray(a) for a in kind.arrays(batches, rows, step, cfg, config))
-        head, opt_state, loss, accs = step_fn(head, opt_state, arrays)
-        losses.append(float(loss))
+        head, opt_state, loss, accs = step_fn(head, opt_state, arrays, jnp.int32(schedule_steps))
+        losses.append(float(loss))  # waits for the step: the timings below are the steps'
         if bar is not None:
+            bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.3f}", acc0=f"{float(accs[0]):.3f}")
         done = step + 1
-        out_of_time = time_limit is not None and time.monotonic() - began >= time_limit
+        step = done
+        now = time.monotonic()
+        if done == probe_from:
+            probe_began = now
+        elif done == probe_to and done < stop:
+            rate = FIT_PROBE / max(now - probe_began, 1e-9)
+            schedule_steps = fitted_schedule_steps(
+                done, rate, time_limit - (now - began), schedule_steps
+            )
+            stop = schedule_steps if until is None else min(until, schedule_steps)
+            if bar is not None:
+                bar.total = schedule_steps
+                bar.refresh()
+            if on_fit is not None:
+                on_fit(schedule_steps, rate)
+        out_of_time = time_limit is not None and now - began >= time_limit
         last = done == stop or out_of_time
         if monitor is not None and (done % monitor_every == 0 or last):
             monitor(done, head)
@@ -556,6 +624,7 @@ def train(
                 opt_state=opt_state,
                 extra={
                     "step": done,
+                    "schedule_steps": schedule_steps,
                     "losses": losses,
                     "train": dataclasses.asdict(cfg),
                     "vocab_coverage": vocab.coverage,
