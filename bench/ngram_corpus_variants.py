@@ -1,16 +1,17 @@
 """The ngram-corpus drafter's settings side by side in the engine: greedy, the n-gram drafter
 and one ``ngram-corpus`` method per ``--weights`` value (and, with ``--min-counts``, per table
-counted with another ``min_count``), interleaved per turn on the same prompts, under the
-default controller.
+counted with another ``min_count``; with ``--max-orders``, per table of contexts up to
+another length), interleaved per turn on the same prompts, under the default controller.
 
 Settings are chosen on the dev suite (human-written, kept apart from the evaluation suites)::
 
     PYTHONPATH=. python3 bench/ngram_corpus_variants.py --suite dev --per-category 2 \\
         --weights 0.25,1,4 --min-counts 1 --json variants.json
 
-Methods are named ``ngram-corpus:w=W`` (the packaged table) and ``ngram-corpus:mc=M`` (a
-table counted with ``min_count = M`` over the same corpora, weight 1); the JSON is the bench
-report with an ``ngram_corpus_variants`` entry naming them.
+Methods are named ``ngram-corpus:w=W`` (the packaged table), ``ngram-corpus:mc=M`` (a
+table counted with ``min_count = M`` over the same corpora, weight 1) and
+``ngram-corpus:k=K`` (contexts of up to ``K`` tokens, ``min_count = 2``, weight 1); the
+JSON is the bench report with an ``ngram_corpus_variants`` entry naming them.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     p.add_argument(
         "--min-counts", type=parse_counts, default=[], help="extra tables' min_count values"
     )
+    p.add_argument(
+        "--max-orders",
+        type=parse_counts,
+        default=[],
+        help="extra tables' longest contexts (tokens, at most the table's MAX_ORDER)",
+    )
     p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
 
@@ -72,15 +79,19 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     for w in args.weights:
         drafter = dataclasses.replace(base.drafter, corpus_weight=w)
         methods.append(dataclasses.replace(base, name=f"ngram-corpus:w={w:g}", drafter=drafter))
-    if args.min_counts:
+    if any(k > ngram_table.MAX_ORDER for k in args.max_orders):
+        p.error(f"--max-orders must be <= {ngram_table.MAX_ORDER}, got {args.max_orders}")
+    tables = [(f"mc={m}", dict(min_count=m)) for m in args.min_counts]
+    tables += [(f"k={k}", dict(max_order=k)) for k in args.max_orders]
+    if tables:
         package = resources.files("eaglepangu_jax") / "data"
         answers = []
         for name in DEFAULT_CORPORA:
             answers += training_answers(str(package / name), teacher_fingerprint())[0]
-        for m in args.min_counts:
-            table = ngram_table.hash_table(ngram_table.count_table(answers, min_count=m))
+        for label, counting in tables:
+            table = ngram_table.hash_table(ngram_table.count_table(answers, **counting))
             methods.append(
-                dataclasses.replace(base, name=f"ngram-corpus:mc={m}", draft_params=table)
+                dataclasses.replace(base, name=f"ngram-corpus:{label}", draft_params=table)
             )
     conversations = suites.load_suite(args.suite)
     if args.per_category:
@@ -93,6 +104,7 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     report["ngram_corpus_variants"] = {
         "weights": args.weights,
         "min_counts": args.min_counts,
+        "max_orders": args.max_orders,
         "suite": args.suite,
         "per_category": args.per_category,
     }

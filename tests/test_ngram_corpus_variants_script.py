@@ -14,7 +14,10 @@ def script():
     return load_bench_script("ngram_corpus_variants")
 
 
-@pytest.mark.parametrize("flag,value", [("--weights", "1,-2"), ("--min-counts", "0")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [("--weights", "1,-2"), ("--min-counts", "0"), ("--max-orders", "0"), ("--max-orders", "3,6")],
+)
 def test_bad_settings_are_refused(script, tmp_path, capsys, flag, value):
     with pytest.raises(SystemExit) as exc:
         script.main([flag, value, "--json", str(tmp_path / "r.json")])

@@ -30,6 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep a context only if its most frequent next token followed it this often",
     )
     p.add_argument(
+        "--max-order",
+        type=args_lib.positive,
+        default=None,
+        metavar="K",
+        help="count contexts of 1 .. K tokens (default: the longest the drafter reads, 5)",
+    )
+    p.add_argument(
         "--out",
         default=None,
         help="table path without suffix (default: the packaged table the drafter loads)",
@@ -38,16 +45,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from eaglepangu_jax.drafters.ngram_corpus import SHIPPED
+    from eaglepangu_jax.drafters.ngram_table import MAX_ORDER
     from eaglepangu_jax.models.smollm2 import teacher_fingerprint
     from eaglepangu_jax.training.ngram_counts import build_table_file
 
     package = resources.files("eaglepangu_jax")
     corpora = args.corpus or [str(package / "data" / name) for name in DEFAULT_CORPORA]
     out = args.out if args.out is not None else str(package / "weights" / SHIPPED)
+    max_order = MAX_ORDER if args.max_order is None else args.max_order
+    if max_order > MAX_ORDER:
+        parser.error(f"--max-order must be in 1..{MAX_ORDER}, got {max_order}")
     args_lib.writable(parser, f"{out}.json", "n-gram table")
     try:
         info = build_table_file(
-            corpora, out, fingerprint=teacher_fingerprint(), min_count=args.min_count
+            corpora,
+            out,
+            fingerprint=teacher_fingerprint(),
+            min_count=args.min_count,
+            max_order=max_order,
         )
     except ValueError as err:
         parser.error(f"--corpus: {err}")

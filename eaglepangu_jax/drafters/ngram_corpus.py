@@ -165,8 +165,17 @@ def load_counted(path: str, *, fingerprint: str | None = None) -> tuple[Any, dic
     except (SafetensorError, KeyError, OSError) as err:
         raise ValueError(f"n-gram table {path}: malformed ({err})") from None
     n = len(counted)
-    shapes_ok = counted.context.shape == (n, ngram_table.MAX_ORDER) and all(
-        getattr(counted, f).shape == (n,) for f in _FIELDS if f != "context"
+    width = counted.context.shape[1] if counted.context.ndim == 2 else -1
+    if 1 <= width < ngram_table.MAX_ORDER and counted.context.shape[0] == n:
+        # A table counted with shorter contexts (three tokens before session 35): contexts
+        # are right-aligned, so leading zero columns make it today's layout.
+        pad = np.zeros((n, ngram_table.MAX_ORDER - width), np.int64)
+        counted = dataclasses.replace(counted, context=np.concatenate([pad, counted.context], 1))
+        width = ngram_table.MAX_ORDER if np.all(counted.order <= width) else -1
+    shapes_ok = (
+        width == ngram_table.MAX_ORDER
+        and counted.context.shape[0] == n
+        and all(getattr(counted, f).shape == (n,) for f in _FIELDS if f != "context")
     )
     values_ok = shapes_ok and bool(
         np.all((counted.order >= 1) & (counted.order <= ngram_table.MAX_ORDER))

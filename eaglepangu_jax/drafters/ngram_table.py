@@ -19,9 +19,11 @@ Two halves:
   out when the table is built (most frequent rows placed first; :attr:`HashedTable.dropped`
   counts them).
 
-Keys: ``hi = order << 16 | c_1`` and ``lo = c_2 << 16 | c_3`` (``K = 3``; a shorter context is
-right-aligned, its leading entries 0), so token ids must be below ``2**16``; an empty slot
-has ``hi = 0`` (order 0 is never stored).
+Keys: three uint32 words, ``order << 16 | c_1``, ``c_2 << 16 | c_3`` and ``c_4 << 16 | c_5``
+(``K = 5``; a shorter context is right-aligned, its leading entries 0), so token ids must be
+below ``2**16``; an empty slot's first word is 0 (order 0 is never stored). Contexts of four
+and five tokens predict the teacher's held-out answers better than three: chained six deep
+over the corpora's held-out answers, 0.77 tokens right per position against 0.71 (session 35).
 
 Dimensions: ``T`` table slots, ``R`` rows, ``D`` continuation depth.
 """
@@ -38,6 +40,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, UInt32
 
 __all__ = [
     "MAX_ORDER",
+    "KEY_WORDS",
     "PROBES",
     "CountedTable",
     "HashedTable",
@@ -49,7 +52,8 @@ __all__ = [
     "continuation",
 ]
 
-MAX_ORDER = 3  # contexts of up to three tokens: (order, three ids) fits two uint32 words
+MAX_ORDER = 5  # contexts of up to five tokens: (order, five ids) fits three uint32 words
+KEY_WORDS = 3
 PROBES = 8  # slots read per lookup (linear probing)
 _ID_LIMIT = 1 << 16
 
@@ -105,31 +109,31 @@ def count_table(
         ends = np.nonzero((inside >= k - 1) & (np.arange(flat.size) < last_in_seq))[0]
         if ends.size == 0:  # no sequence holds a context of k tokens and a next token
             continue
-        key = np.zeros(ends.size, np.uint64)
-        for j in range(k):  # the context's tokens, oldest first, 16 bits each
-            key = (key << np.uint64(16)) | flat[ends - k + 1 + j].astype(np.uint64)
-        pair = (key << np.uint64(16)) | flat[ends + 1].astype(np.uint64)
-        pairs, counts = np.unique(pair, return_counts=True)  # sorted: by context, then next
-        contexts = pairs >> np.uint64(16)
-        starts = np.flatnonzero(np.r_[True, contexts[1:] != contexts[:-1]])
+        # Columns: the context's tokens, oldest first, then the next token; sorted by them
+        # (lexsort's last key is its primary one), equal rows are one (context, next) pair.
+        columns = [flat[ends - k + 1 + j] for j in range(k)] + [flat[ends + 1]]
+        order_of = np.lexsort(columns[::-1])
+        table = np.stack([c[order_of] for c in columns], axis=1)  # [N, k + 1]
+        new_pair = np.r_[True, np.any(table[1:] != table[:-1], axis=1)]
+        pair_starts = np.flatnonzero(new_pair)
+        pairs = table[pair_starts]  # sorted: by context, then next
+        counts = np.diff(np.r_[pair_starts, table.shape[0]])
+        contexts = pairs[:, :k]
+        starts = np.flatnonzero(np.r_[True, np.any(contexts[1:] != contexts[:-1], axis=1)])
         totals = np.add.reduceat(counts, starts)
         # The best next token per context: highest count, then smallest id (first in order).
-        group = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, pairs.size]))
-        order_in = np.lexsort((np.arange(pairs.size), -counts, group))
+        group = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, pairs.shape[0]]))
+        order_in = np.lexsort((np.arange(pairs.shape[0]), -counts, group))
         first = order_in[np.r_[True, group[order_in][1:] != group[order_in][:-1]]]
         keep = counts[first] >= min_count
         first = first[keep]
         ctx = np.zeros((first.size, MAX_ORDER), np.int64)
-        for j in range(k):
-            shift = np.uint64(16 * (k - 1 - j))
-            ctx[:, MAX_ORDER - k + j] = ((contexts[first] >> shift) & np.uint64(0xFFFF)).astype(
-                np.int64
-            )
+        ctx[:, MAX_ORDER - k :] = contexts[first]
         rows.append(
             (
                 np.full(first.size, k, np.int32),
                 ctx.astype(np.int32),
-                (pairs[first] & np.uint64(0xFFFF)).astype(np.int32),
+                pairs[first, k].astype(np.int32),
                 counts[first].astype(np.int64),
                 totals[keep].astype(np.int64),
             )
@@ -147,37 +151,45 @@ class HashedTable:
     """The rows of a :class:`CountedTable` in ``T = 2**bits`` hashed slots (a pytree; every
     field an array so it can be drafter weights)."""
 
-    hi: UInt32[Array, " T"]  # order << 16 | c_1; 0 marks an empty slot
-    lo: UInt32[Array, " T"]  # c_2 << 16 | c_3
+    keys: UInt32[Array, "T W"]  # context_keys of the slot's row; keys[:, 0] == 0: empty
     next_token: Int[Array, " T"]
     logprob: Float[Array, " T"]  # log(count / total): how often the next token followed
     dropped: Int[Array, ""]  # rows left out (further than PROBES slots from their hash)
 
     @property
     def num_slots(self) -> int:
-        return int(self.hi.shape[0])
+        return int(self.keys.shape[0])
 
 
 def context_keys(
     order: Int[ArrayLike, "..."], context: Int[ArrayLike, "... K"]
-) -> tuple[UInt32[Array, "..."], UInt32[Array, "..."]]:
-    """The ``(hi, lo)`` key words of right-aligned contexts (``K = MAX_ORDER``)."""
+) -> UInt32[Array, "... W"]:
+    """The ``KEY_WORDS`` key words of right-aligned contexts (``K = MAX_ORDER``):
+    ``order << 16 | c_1``, ``c_2 << 16 | c_3``, ``c_4 << 16 | c_5``."""
     order = jnp.asarray(order, jnp.uint32)
     context = jnp.asarray(context, jnp.uint32)
-    hi = (order << 16) | context[..., 0]
-    lo = (context[..., 1] << 16) | context[..., 2]
-    return hi, lo
+    words = [(order << 16) | context[..., 0]]
+    words += [(context[..., j] << 16) | context[..., j + 1] for j in range(1, MAX_ORDER, 2)]
+    return jnp.stack(words, axis=-1)
 
 
-def slot_of(hi: UInt32[ArrayLike, "..."], lo: UInt32[ArrayLike, "..."], bits: int):
-    """Home slot in ``[0, 2**bits)`` of a key (a multiplicative hash; uint32 arithmetic wraps
+# One odd multiplier per key word (a multiplicative hash of each, summed by xor).
+_WORD_MULTIPLIERS = (0x9E3779B1, 0x85EBCA6B, 0xC2B2AE35)
+
+
+def slot_of(keys: UInt32[ArrayLike, "... W"], bits: int) -> Int[Array, "..."]:
+    """Home slot in ``[0, 2**bits)`` of keys (a multiplicative hash; uint32 arithmetic wraps
     identically on every backend)."""
-    h = jnp.asarray(hi, jnp.uint32) * jnp.uint32(0x9E3779B1) ^ jnp.asarray(
-        lo, jnp.uint32
-    ) * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 15)
-    h = h * jnp.uint32(0x2C1B3C6D)
-    h = h ^ (h >> 13)
+    keys = jnp.asarray(keys, jnp.uint32)
+    h = keys[..., 0] * jnp.uint32(_WORD_MULTIPLIERS[0])
+    for w in range(1, KEY_WORDS):
+        # Mixed before the next word joins, so words equal up to a swap hash apart.
+        h = (h ^ (h >> 16)) * jnp.uint32(0x7FEB352D)
+        h = h ^ keys[..., w] * jnp.uint32(_WORD_MULTIPLIERS[w])
+    # A 32-bit finaliser (xor-shift, multiply) so every key bit reaches the top bits used.
+    h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)
+    h = (h ^ (h >> 13)) * jnp.uint32(0xC2B2AE35)
+    h = h ^ (h >> 16)
     return (h >> (32 - bits)).astype(jnp.int32) if bits else jnp.zeros_like(h, jnp.int32)
 
 
@@ -190,10 +202,9 @@ def hash_table(counted: CountedTable, *, bits: int | None = None) -> HashedTable
     if not 1 <= bits <= 30:
         raise ValueError(f"bits must be in 1..30, got {bits}")
     size = 1 << bits
-    hi, lo = (np.asarray(x) for x in context_keys(counted.order, counted.context))
-    home = np.asarray(slot_of(hi, lo, bits))
-    table_hi = np.zeros(size, np.uint32)
-    table_lo = np.zeros(size, np.uint32)
+    keys = np.asarray(context_keys(counted.order, counted.context)).reshape(n, KEY_WORDS)
+    home = np.asarray(slot_of(keys, bits))
+    table_keys = np.zeros((size, KEY_WORDS), np.uint32)
     table_next = np.zeros(size, np.int32)
     table_lp = np.full(size, -np.inf, np.float32)
     logprob = np.log(counted.count / np.maximum(counted.total, 1)).astype(np.float32)
@@ -202,15 +213,14 @@ def hash_table(counted: CountedTable, *, bits: int | None = None) -> HashedTable
     for r in np.lexsort((np.arange(n), -counted.count)).tolist():
         for probe in range(PROBES):
             s = (home[r] + probe) & (size - 1)
-            if table_hi[s] == 0:
-                table_hi[s], table_lo[s] = hi[r], lo[r]
+            if table_keys[s, 0] == 0:
+                table_keys[s] = keys[r]
                 table_next[s], table_lp[s] = counted.next_token[r], logprob[r]
                 break
         else:
             dropped += 1
     return HashedTable(
-        hi=jnp.asarray(table_hi),
-        lo=jnp.asarray(table_lo),
+        keys=jnp.asarray(table_keys),
         next_token=jnp.asarray(table_next),
         logprob=jnp.asarray(table_lp),
         dropped=jnp.asarray(dropped, jnp.int32),
@@ -233,9 +243,9 @@ def predict(
     # Right-aligned context of each order: entries before its first token read as 0.
     column = jnp.arange(MAX_ORDER, dtype=jnp.int32)
     contexts = jnp.where(column[None, :] >= MAX_ORDER - orders[:, None], recent[None, :], 0)
-    hi, lo = context_keys(orders, contexts)
-    slots = (slot_of(hi, lo, bits)[:, None] + jnp.arange(PROBES)[None, :]) & (table.num_slots - 1)
-    match = (table.hi[slots] == hi[:, None]) & (table.lo[slots] == lo[:, None])  # [K, P]
+    keys = context_keys(orders, contexts)  # [K, W]
+    slots = (slot_of(keys, bits)[:, None] + jnp.arange(PROBES)[None, :]) & (table.num_slots - 1)
+    match = jnp.all(table.keys[slots] == keys[:, None, :], axis=-1)  # [K, P]
     usable = jnp.any(match, axis=1) & (orders <= jnp.asarray(available, jnp.int32))
     slot = slots[jnp.arange(MAX_ORDER), jnp.argmax(match, axis=1)]
     best = jnp.argmax(usable)  # the first usable order is the longest

@@ -56,7 +56,12 @@ def training_answers(
 
 
 def build_table_file(
-    directories: Sequence[str | os.PathLike], out: str, *, fingerprint: str, min_count: int = 2
+    directories: Sequence[str | os.PathLike],
+    out: str,
+    *,
+    fingerprint: str,
+    min_count: int = 2,
+    max_order: int = ngram_table.MAX_ORDER,
 ) -> dict:
     """Count the training answers of ``directories`` and write the table to ``out``
     (``out.safetensors`` + ``out.json``, atomically); returns the JSON's provenance part."""
@@ -65,13 +70,11 @@ def build_table_file(
         got, record = training_answers(directory, fingerprint)
         answers += got
         sources.append(record)
-    counted = ngram_table.count_table(answers, min_count=min_count)
-    rows_per_order = {
-        str(k): int((counted.order == k).sum()) for k in range(1, ngram_table.MAX_ORDER + 1)
-    }
+    counted = ngram_table.count_table(answers, min_count=min_count, max_order=max_order)
+    rows_per_order = {str(k): int((counted.order == k).sum()) for k in range(1, max_order + 1)}
     meta = {
         "teacher": fingerprint,
-        "max_order": ngram_table.MAX_ORDER,
+        "max_order": max_order,
         "min_count": min_count,
         "rows_per_order": rows_per_order,
         "answer_tokens": sum(r["answer_tokens"] for r in sources),
