@@ -54,6 +54,11 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         default=[],
         help="extra tables' longest contexts (tokens, at most the table's MAX_ORDER)",
     )
+    p.add_argument(
+        "--prune",
+        action="store_true",
+        help="also run each extra table without its redundant rows (named ...,pruned)",
+    )
     p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
 
@@ -89,10 +94,15 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         for name in DEFAULT_CORPORA:
             answers += training_answers(str(package / name), teacher_fingerprint())[0]
         for label, counting in tables:
-            table = ngram_table.hash_table(ngram_table.count_table(answers, **counting))
-            methods.append(
-                dataclasses.replace(base, name=f"ngram-corpus:{label}", draft_params=table)
-            )
+            counted = ngram_table.count_table(answers, **counting)
+            variants = [(label, counted)]
+            if args.prune:
+                variants.append((f"{label},pruned", ngram_table.prune_redundant(counted)))
+            for name, rows in variants:
+                table = ngram_table.hash_table(rows)
+                methods.append(
+                    dataclasses.replace(base, name=f"ngram-corpus:{name}", draft_params=table)
+                )
     conversations = suites.load_suite(args.suite)
     if args.per_category:
         conversations = suites.per_category(conversations, args.per_category)
@@ -105,6 +115,7 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         "weights": args.weights,
         "min_counts": args.min_counts,
         "max_orders": args.max_orders,
+        "prune": args.prune,
         "suite": args.suite,
         "per_category": args.per_category,
     }

@@ -109,6 +109,34 @@ def test_property_every_kept_row_is_found(seqs):
         )
 
 
+@given(
+    st.lists(st.lists(st.integers(0, 6), min_size=2, max_size=30), min_size=1, max_size=6),
+    st.lists(st.integers(0, 6), min_size=K, max_size=K),
+    st.integers(0, K),
+    st.integers(1, 3),
+)
+def test_property_pruned_tables_chain_the_same_tokens(seqs, recent, available, min_count):
+    counted = ngram_table.count_table(seqs, min_count=min_count)
+    pruned = ngram_table.prune_redundant(counted)
+    assert len(pruned) <= len(counted)
+    assert set(as_dict(pruned).items()) <= set(as_dict(counted).items())
+    full_table = ngram_table.hash_table(counted, bits=10)
+    pruned_table = ngram_table.hash_table(pruned, bits=10)
+    assert int(full_table.dropped) == int(pruned_table.dropped) == 0
+    recent = jnp.asarray(recent, jnp.int32)
+    a_tokens, _, a_len = ngram_table.continuation(full_table, recent, available, 6)
+    b_tokens, _, b_len = ngram_table.continuation(pruned_table, recent, available, 6)
+    assert a_tokens.tolist() == b_tokens.tolist() and int(a_len) == int(b_len)
+
+
+def test_prune_literal():
+    # (1, 2) -> 3 and (2,) -> 3: the longer row is redundant; (9, 2) -> 4 is not.
+    counted = ngram_table.count_table([[1, 2, 3], [1, 2, 3], [9, 2, 4], [9, 2, 4]], min_count=1)
+    kept = as_dict(ngram_table.prune_redundant(counted))
+    assert (1, 2) not in kept and kept[(9, 2)] == (4, 2, 2) and kept[(2,)] == (3, 2, 4)
+    assert ngram_table.prune_redundant(ngram_table.count_table([])).order.size == 0
+
+
 def test_bad_counts_input():
     with pytest.raises(ValueError, match="max_order"):
         ngram_table.count_table([[1, 2]], max_order=K + 1)
@@ -316,8 +344,13 @@ def test_command_counts_training_answers_only(tmp_path, monkeypatch, capsys):
     assert app.main(argv) == 0
     assert "rows" in capsys.readouterr().out
     counted, meta = load_counted(str(out), fingerprint="f" * 64)
-    assert as_dict(counted) == plain_count([[4, 5, 6], [4, 5, 6]], min_count=2)
+    full = plain_count([[4, 5, 6], [4, 5, 6]], min_count=2)
+    # (4, 5) -> 6 is what (5,) alone predicts: left out by default.
+    assert as_dict(counted) == {k: v for k, v in full.items() if k != (4, 5)}
     assert meta["answer_tokens"] == 6 and meta["corpora"][0]["train_shards"] == 1
+    assert meta["counted_rows"] == 3 and meta["pruned_rows"] == 1
+    assert app.main(argv + ["--keep-redundant"]) == 0
+    assert as_dict(load_counted(str(out))[0]) == full
     # Another teacher's corpus is refused by name, and nothing is written.
     write_corpus(tmp_path, "e" * 64, [[4, 5, 6]], [[4]])
     with pytest.raises(SystemExit) as stop:

@@ -37,6 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="count contexts of 1 .. K tokens (default: the longest the drafter reads, 5)",
     )
     p.add_argument(
+        "--keep-redundant",
+        action="store_true",
+        help="keep the rows whose next token the context one token shorter already predicts "
+        "(the lookup never needs them; default: left out)",
+    )
+    p.add_argument(
         "--out",
         default=None,
         help="table path without suffix (default: the packaged table the drafter loads)",
@@ -63,6 +69,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             fingerprint=teacher_fingerprint(),
             min_count=args.min_count,
             max_order=max_order,
+            prune=not args.keep_redundant,
         )
     except ValueError as err:
         parser.error(f"--corpus: {err}")

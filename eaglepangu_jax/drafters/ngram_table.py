@@ -45,6 +45,7 @@ __all__ = [
     "CountedTable",
     "HashedTable",
     "count_table",
+    "prune_redundant",
     "context_keys",
     "slot_of",
     "hash_table",
@@ -143,6 +144,41 @@ def count_table(
         return CountedTable(empty, np.zeros((0, MAX_ORDER), np.int64), empty, empty, empty)
     order, context, next_token, count, total = (np.concatenate(x) for x in zip(*rows))
     return CountedTable(order, context, next_token, count, total)
+
+
+def prune_redundant(counted: CountedTable) -> CountedTable:
+    """``counted`` without the rows that :func:`predict` does not need: a context of ``k >= 2``
+    tokens whose best next token is the one its last ``k - 1`` tokens already predict (by
+    backoff, the lookup then finds the shorter context's row and the same token).
+
+    Every context's predicted token is unchanged, so :func:`continuation` chains the same
+    tokens; the frequency reported for a pruned context is its shorter context's. Rows keep
+    their order. Most long contexts are redundant (over the packaged corpora, 92% of the
+    five-token ones), which makes a table of five-token contexts smaller than one of three.
+    """
+    n = len(counted)
+    if n == 0:
+        return counted
+    order = counted.order.astype(np.int64)
+    context = counted.context.astype(np.int64)
+    # Pruning a row keeps its context's prediction, so whether a row is redundant depends only
+    # on the unpruned table: compare with the row of the context one token shorter.
+    best = {
+        (int(o), *context[r, MAX_ORDER - int(o) :].tolist()): int(counted.next_token[r])
+        for r, o in enumerate(order.tolist())
+    }
+    keep = np.ones(n, bool)
+    for r, o in enumerate(order.tolist()):
+        if o >= 2:
+            shorter = (o - 1, *context[r, MAX_ORDER - o + 1 :].tolist())
+            keep[r] = best.get(shorter) != int(counted.next_token[r])
+    return CountedTable(
+        counted.order[keep],
+        counted.context[keep],
+        counted.next_token[keep],
+        counted.count[keep],
+        counted.total[keep],
+    )
 
 
 @jax.tree_util.register_dataclass

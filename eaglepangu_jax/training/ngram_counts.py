@@ -62,20 +62,28 @@ def build_table_file(
     fingerprint: str,
     min_count: int = 2,
     max_order: int = ngram_table.MAX_ORDER,
+    prune: bool = True,
 ) -> dict:
     """Count the training answers of ``directories`` and write the table to ``out``
-    (``out.safetensors`` + ``out.json``, atomically); returns the JSON's provenance part."""
+    (``out.safetensors`` + ``out.json``, atomically); returns the JSON's provenance part.
+    ``prune``: leave out the rows the lookup does not need
+    (:func:`~eaglepangu_jax.drafters.ngram_table.prune_redundant`)."""
     answers, sources = [], []
     for directory in directories:
         got, record = training_answers(directory, fingerprint)
         answers += got
         sources.append(record)
     counted = ngram_table.count_table(answers, min_count=min_count, max_order=max_order)
+    counted_rows = len(counted)
+    if prune:
+        counted = ngram_table.prune_redundant(counted)
     rows_per_order = {str(k): int((counted.order == k).sum()) for k in range(1, max_order + 1)}
     meta = {
         "teacher": fingerprint,
         "max_order": max_order,
         "min_count": min_count,
+        "counted_rows": counted_rows,
+        "pruned_rows": counted_rows - len(counted),
         "rows_per_order": rows_per_order,
         "answer_tokens": sum(r["answer_tokens"] for r in sources),
         "corpora": sources,
