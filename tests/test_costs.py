@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from eaglepangu_jax import engine
 from eaglepangu_jax.drafters import NGramDrafter
 from eaglepangu_jax.engine.costs import SCALE_RANGE, CostCorrection, segment_costs
-from eaglepangu_jax.engine.decode import cache_slots, window_for
+from eaglepangu_jax.engine.decode import cache_slots, speculation_hopeless, window_for
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 
@@ -177,3 +177,34 @@ def test_a_loop_recompiled_for_a_larger_cache_is_not_timed():
         engine.generate(teacher, drafter, prompt, spec, correction=fit)
         seen.append(fit.segments)
     assert seen == [0, 1, 1, 3]
+
+
+def test_a_verdict_of_the_correction_alone_does_not_stop_drafting_for_good():
+    # One bad stretch (here: speculative rounds timed 4x slower than the curve) can make the
+    # corrected costs say that even an oracle drafter would not pay, and generate() then
+    # decodes plainly. Those plain segments must still be observed: the speculative evidence
+    # behind the verdict ages, the scales meet again, and drafting resumes. (Before they were
+    # not, so the first bad estimate stopped drafting for the rest of a benchmark.)
+    cfg = LlamaConfig.tiny(vocab_size=61, num_layers=1, max_position=256)
+    teacher = engine.Teacher(cfg, random_params(cfg, jax.random.key(3)))
+    spec = engine.SpecConfig(budget=3, depth=3, max_new_tokens=60, eos_id=-7)
+    drafter = NGramDrafter(budget=3, depth=3)
+    prompt = [7, 8, 9] * 5
+    curve = np.asarray([2e-3, 2.2e-3, 2.2e-3, 2.2e-3], np.float32)
+    window = window_for(len(prompt) + spec.budget + 1, cache_slots(len(prompt), spec))
+    fit = CostCorrection(min_seconds=0.0)
+    for _ in range(6):  # plain rounds as the curve says, speculative ones 4x slower
+        fit.observe(0.1, 0.0, 0.1, window)
+        fit.observe(0.0, 0.1, 0.4, window)
+    poisoned, _ = fit.apply(curve, 0.0, window)
+    assert speculation_hopeless(spec, poisoned, 0.0)
+    assert not speculation_hopeless(spec, curve, 0.0)
+    greedy = engine.generate(teacher, None, prompt, spec).tokens
+    drafted = []
+    for _ in range(10):
+        out = engine.generate(teacher, drafter, prompt, spec, correction=fit, verify_latency=curve)
+        assert out.tokens == greedy
+        drafted.append(sum(n > 0 for n in out.stats.nodes_per_round))
+    assert drafted[0] == 0  # the verdict holds at first ...
+    assert any(drafted)  # ... and is lifted once the plain segments age the evidence
+    assert fit.segments > 12

@@ -387,18 +387,23 @@ def decode_loop(
     verify_latency=None,
     draft_seconds=0.0,
     correction: CostCorrection | None = None,
+    observe_plain: bool = False,
 ):
     """Drive the device loop through growing attention windows until every sequence stops.
 
     With a ``correction`` (policy ``"auto"``, one sequence), each segment runs on the curve
     as corrected for its attention window, and its measured time is added to that window's
-    fit (:mod:`.costs`)."""
+    fit (:mod:`.costs`). ``observe_plain``: the caller dropped the drafter because the
+    corrected costs said it could not pay (:func:`generate`); the plain segments are then
+    still added, so that the speculative evidence behind that verdict ages as while any
+    other run of plain rounds (otherwise one bad estimate would stop drafting for good)."""
     need = 1 if drafter is None else spec.budget + 1
     controlled = drafter is not None and spec.policy == "auto"
     if controlled and verify_latency is None:
         context = int(np.max(np.asarray(state.cache.length)))
         verify_latency = nominal_verify_latency(teacher.config, spec, context)
-    if not controlled or batched:
+    observing = observe_plain and drafter is None and verify_latency is not None
+    if not (controlled or observing) or batched:
         correction = None
     base_latency = None if verify_latency is None else np.asarray(verify_latency, np.float32)
     while True:
@@ -490,12 +495,20 @@ def generate(
     validate(teacher, drafter, prompt_ids, spec)
     eos_id = eos_id_of(teacher, spec)
     capacity = cache_slots(len(prompt_ids), spec, teacher.config.max_position)
+    observe_plain = False
     if drafter is not None and verify_latency is not None:
         latency, t_draft = np.asarray(verify_latency, np.float32), float(draft_seconds)
         if correction is not None:  # the costs the first segment would run on
             window = window_for(len(prompt_ids) + spec.budget + 1, capacity)
             latency, t_draft = correction.apply(latency, t_draft, window)
         drafter, draft_params = drafter_to_run(drafter, draft_params, spec, latency, t_draft)
+        # Dropped on the corrected costs alone: the correction keeps learning from the plain
+        # rounds, or it would never see the evidence that could lift the verdict.
+        observe_plain = (
+            drafter is None
+            and correction is not None
+            and not speculation_hopeless(spec, verify_latency, draft_seconds)
+        )
     t0 = time.perf_counter()
     state = init_state(
         teacher,
@@ -519,6 +532,7 @@ def generate(
         verify_latency=verify_latency,
         draft_seconds=draft_seconds,
         correction=correction,
+        observe_plain=observe_plain,
     )
     jax.block_until_ready(state)
     t2 = time.perf_counter()
