@@ -208,3 +208,22 @@ def test_a_verdict_of_the_correction_alone_does_not_stop_drafting_for_good():
     assert drafted[0] == 0  # the verdict holds at first ...
     assert any(drafted)  # ... and is lifted once the plain segments age the evidence
     assert fit.segments > 12
+
+
+def test_a_segment_that_compiled_is_not_observed_even_for_a_loop_seen_before():
+    # Programs dropped (the bench does so under memory-mapping pressure) come back by
+    # compiling or from the compile cache; the loop's key is not new, but the segment's time
+    # is mostly that work, so it must not reach the fit.
+    cfg = LlamaConfig.tiny(vocab_size=61, num_layers=1, max_position=256)
+    teacher = engine.Teacher(cfg, random_params(cfg, jax.random.key(3)))
+    spec = engine.SpecConfig(budget=3, depth=3, max_new_tokens=40, eos_id=-7)
+    drafter = NGramDrafter(budget=3, depth=3)
+    prompt = [7, 8, 9] * 5
+    fit = CostCorrection(min_seconds=0.0)
+    seen = []
+    for clear in (False, False, True, False):
+        if clear:
+            jax.clear_caches()
+        engine.generate(teacher, drafter, prompt, spec, correction=fit)
+        seen.append(fit.segments)
+    assert seen == [0, 1, 1, 2]

@@ -10,6 +10,7 @@ of padding under the root), so both are counted the same way.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Sequence
@@ -22,6 +23,7 @@ from eaglepangu_jax import budget as budget_lib
 from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import draft_control, mode
 from eaglepangu_jax import mask as mask_lib
+from eaglepangu_jax.engine.compile_watch import CompileWatch
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.costs import CostCorrection, segment_costs
 from eaglepangu_jax.engine.drafter import fit_budget
@@ -429,19 +431,25 @@ def decode_loop(
             first_round, start = int(state.rounds), time.perf_counter()
         # Reference mode: the invariant checks traced into the step raise on the host.
         runner = mode.checked(_run_batched if batched else _run)
-        state = runner(
-            static,
-            teacher.params,
-            draft_params,
-            state,
-            jnp.int32(window),
-            None if latency is None else jnp.asarray(latency, jnp.float32),
-            jnp.float32(t_draft),
-        )
+        # Anything compiled (or read back from the compile cache) while the segment runs is in
+        # its time too, also when the loop's key was seen before (programs dropped and
+        # reloaded, a helper traced for a new shape): such a segment is not observed either.
+        watch = CompileWatch()
+        with watch.active() if correction is not None else contextlib.nullcontext():
+            state = runner(
+                static,
+                teacher.params,
+                draft_params,
+                state,
+                jnp.int32(window),
+                None if latency is None else jnp.asarray(latency, jnp.float32),
+                jnp.float32(t_draft),
+            )
+            if correction is not None:
+                last_round = int(state.rounds)  # waits for the segment to finish
         if correction is not None:
-            last_round = int(state.rounds)  # waits for the segment to finish
             elapsed = time.perf_counter() - start
-            if not compiling:
+            if not compiling and not watch.events:
                 plain, spec_s = segment_costs(
                     np.asarray(state.nodes_log),
                     first_round,

@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,7 @@ import numpy as np
 from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.calibration.curve import method_costs
+from eaglepangu_jax.engine.compile_watch import CompileWatch
 from eaglepangu_jax.engine.decode import GenerationResult, Teacher, generate
 from eaglepangu_jax.evaluation.report import summarize_turns
 from eaglepangu_jax.evaluation.suites import Conversation, count_turns
@@ -56,41 +57,6 @@ MAX_RUNS = 3  # generations per turn and method at most (see run_method)
 # limit and abort ("Unable to allocate section memory"). Past this share of the limit the
 # bench drops its compiled programs between turns (they come back from the compile cache).
 MAPPING_SHARE = 0.75
-_COMPILE_EVENTS = (
-    "/jax/core/compile/backend_compile_duration",
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/compilation_cache/cache_retrieval_time_sec",
-)
-
-
-class CompileWatch:
-    """Records compilation work (tracing, lowering, XLA compiles, persistent-cache reads)
-    while active, through ``jax.monitoring``."""
-
-    def __init__(self):
-        self.events: list[tuple[float, float]] = []  # (perf_counter at the end, seconds)
-
-    @property
-    def seconds(self) -> float:
-        """Seconds of all recorded compilation work."""
-        return sum(d for _, d in self.events)
-
-    def seconds_after(self, t: float) -> float:
-        """Seconds of the work that ended after ``time.perf_counter() == t``."""
-        return sum(d for end, d in self.events if end > t)
-
-    def _listen(self, event: str, duration: float, **kwargs: Any) -> None:
-        if event in _COMPILE_EVENTS:
-            self.events.append((time.perf_counter(), duration))
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator["CompileWatch"]:
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-        try:
-            yield self
-        finally:
-            jax.monitoring.unregister_event_duration_listener(self._listen)
 
 
 def generate_with(teacher: Teacher, method: Method, prompt_ids: Sequence[int]) -> GenerationResult:
