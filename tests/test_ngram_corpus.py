@@ -281,6 +281,11 @@ def test_a_table_of_shorter_contexts_reads_as_todays_layout(tmp_path):
     )
     path = str(tmp_path / "narrow")
     save_counted(path, narrow, {"teacher": "abc"})
+    # A table is stored with as many context columns as its longest context: the same file.
+    save_counted(str(tmp_path / "wide"), counted, {"teacher": "abc"})
+    assert (tmp_path / "wide.safetensors").read_bytes() == (
+        tmp_path / "narrow.safetensors"
+    ).read_bytes()
     back, _ = load_counted(path)
     assert back.context.shape == (len(counted), K)
     np.testing.assert_array_equal(back.context, counted.context)
@@ -345,12 +350,13 @@ def test_command_counts_training_answers_only(tmp_path, monkeypatch, capsys):
     assert "rows" in capsys.readouterr().out
     counted, meta = load_counted(str(out), fingerprint="f" * 64)
     full = plain_count([[4, 5, 6], [4, 5, 6]], min_count=2)
-    # (4, 5) -> 6 is what (5,) alone predicts: left out by default.
-    assert as_dict(counted) == {k: v for k, v in full.items() if k != (4, 5)}
+    assert as_dict(counted) == full and meta["max_order"] == 3
     assert meta["answer_tokens"] == 6 and meta["corpora"][0]["train_shards"] == 1
+    # --prune: (4, 5) -> 6 is what (5,) alone predicts, so it is left out.
+    assert app.main(argv + ["--prune"]) == 0
+    counted, meta = load_counted(str(out))
+    assert as_dict(counted) == {k: v for k, v in full.items() if k != (4, 5)}
     assert meta["counted_rows"] == 3 and meta["pruned_rows"] == 1
-    assert app.main(argv + ["--keep-redundant"]) == 0
-    assert as_dict(load_counted(str(out))[0]) == full
     # Another teacher's corpus is refused by name, and nothing is written.
     write_corpus(tmp_path, "e" * 64, [[4, 5, 6]], [[4]])
     with pytest.raises(SystemExit) as stop:

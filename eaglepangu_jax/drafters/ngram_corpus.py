@@ -122,8 +122,12 @@ def save_counted(path: str, counted: ngram_table.CountedTable, meta: dict[str, A
 
     from eaglepangu_jax.files import atomic_write, sha256_file, write_json_atomic
 
-    # Stored compactly (ids fit 16 bits, counts 32); read back as int64.
+    # Stored compactly (ids fit 16 bits, counts 32; only as many context columns as the
+    # longest context needs, the loader pads them back); read back as int64.
+    width = max(int(np.max(counted.order)), 1) if len(counted) else 1
     arrays = {f: np.ascontiguousarray(getattr(counted, f), dtype=_STORED[f]) for f in _FIELDS}
+    columns = arrays["context"][:, counted.context.shape[1] - width :]
+    arrays["context"] = np.ascontiguousarray(columns)
     data = atomic_write(f"{path}.safetensors", lambda tmp: save_file(arrays, str(tmp)))
     write_json_atomic(
         f"{path}.json",

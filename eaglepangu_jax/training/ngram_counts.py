@@ -16,7 +16,11 @@ from typing import Sequence
 from eaglepangu_jax.drafters import ngram_table
 from eaglepangu_jax.drafters.ngram_corpus import save_counted
 
-__all__ = ["training_answers", "build_table_file"]
+__all__ = ["DEFAULT_MAX_ORDER", "training_answers", "build_table_file"]
+
+# The packaged table counts contexts of up to three tokens: four and five (the drafter reads
+# up to ngram_table.MAX_ORDER) did not draft faster on the dev suite (docs/RESULTS.md).
+DEFAULT_MAX_ORDER = 3
 
 
 def training_answers(
@@ -61,8 +65,8 @@ def build_table_file(
     *,
     fingerprint: str,
     min_count: int = 2,
-    max_order: int = ngram_table.MAX_ORDER,
-    prune: bool = True,
+    max_order: int = DEFAULT_MAX_ORDER,
+    prune: bool = False,
 ) -> dict:
     """Count the training answers of ``directories`` and write the table to ``out``
     (``out.safetensors`` + ``out.json``, atomically); returns the JSON's provenance part.
