@@ -9,6 +9,10 @@ float32 weights (no model file needed): per layer the attention projections (q, 
 and the MLP's gate, up and down products, chained through the layers so nothing is
 skipped, then the tied ``lm_head``.
 
+With ``--transposed`` the same products also run on the weights stored ``[out, in]`` (each
+product contracting both operands' minor axis), interleaved with the ``[in, out]`` layout the
+teacher uses, under the key ``transposed`` of the report: XLA picks other kernels for it.
+
 Interleaved over ``--repeats`` passes (every row count timed once per pass, median kept).
 Writes JSON and prints a table. Example::
 
@@ -29,6 +33,11 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default="1,2,4,9,17", help="comma-separated row counts")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--layers", type=int, default=None, help="layers (default: the teacher's)")
+    p.add_argument(
+        "--transposed",
+        action="store_true",
+        help="also time the weights stored [out, in] (interleaved; reported apart)",
+    )
     p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
     try:
@@ -68,25 +77,42 @@ def main(argv=None) -> int:
     )
     lm_head = weight(h, cfg.vocab_size)
 
-    @jax.jit
-    def products(x, layers, lm_head):
-        # Each product feeds the next, so XLA can neither skip nor merge any of them.
-        for w in layers:
-            q = x @ w["wq"]
-            x = x + (q + jnp.tile(x @ w["wk"] + x @ w["wv"], h // kv)) @ w["wo"] * 0.01
-            x = x + (jax.nn.silu(x @ w["gate"]) * (x @ w["up"])) @ w["down"] * 0.01
-        return x @ lm_head
+    def chain(mm):
+        @jax.jit
+        def products(x, layers, lm_head):
+            # Each product feeds the next, so XLA can neither skip nor merge any of them.
+            for w in layers:
+                q = mm(x, w["wq"])
+                x = x + mm(q + jnp.tile(mm(x, w["wk"]) + mm(x, w["wv"]), h // kv), w["wo"]) * 0.01
+                x = x + mm(jax.nn.silu(mm(x, w["gate"])) * mm(x, w["up"]), w["down"]) * 0.01
+            return mm(x, lm_head)
 
+        return products
+
+    variants = {"rows": (chain(lambda x, w: x @ w), layers, lm_head)}
+    if args.transposed:
+
+        def flip(v):
+            return jnp.asarray(np.ascontiguousarray(np.asarray(v).T))
+
+        flipped = tuple({k: flip(v) for k, v in w.items()} for w in layers)
+        variants["transposed"] = (
+            chain(lambda x, w: jnp.einsum("ti,oi->to", x, w)),
+            flipped,
+            flip(lm_head),
+        )
     inputs = {r: jnp.ones((r, h), jnp.float32) for r in rows}
-    for r in rows:  # compile
-        jax.block_until_ready(products(inputs[r], layers, lm_head))
-    times = {r: [] for r in rows}
+    for fn, ws, head in variants.values():  # compile
+        for r in rows:
+            jax.block_until_ready(fn(inputs[r], ws, head))
+    times = {(name, r): [] for name in variants for r in rows}
     for _ in range(args.repeats):
         for r in rows:
-            start = time.perf_counter()
-            jax.block_until_ready(products(inputs[r], layers, lm_head))
-            times[r].append(time.perf_counter() - start)
-    median = {r: statistics.median(times[r]) for r in rows}
+            for name, (fn, ws, head) in variants.items():
+                start = time.perf_counter()
+                jax.block_until_ready(fn(inputs[r], ws, head))
+                times[name, r].append(time.perf_counter() - start)
+    median = {key: statistics.median(t) for key, t in times.items()}
     weight_bytes = 4 * (sum(v.size for w in layers for v in w.values()) + lm_head.size)
     report = {
         "shapes": "SmolLM2-135M's q/k/v/o, gate/up/down per layer, then its lm_head",
@@ -99,22 +125,28 @@ def main(argv=None) -> int:
             "jax": jax.__version__,
             "backend": jax.default_backend(),
         },
-        "rows": {
+    }
+    for name in variants:
+        report[name] = {
             str(r): {
-                "median_ms": median[r] * 1e3,
-                "times_ms": [t * 1e3 for t in times[r]],
-                "vs_one_row": median[r] / median[rows[0]] if rows[0] == 1 else None,
-                "weight_gb_per_s": weight_bytes / median[r] / 1e9,
+                "median_ms": median[name, r] * 1e3,
+                "times_ms": [t * 1e3 for t in times[name, r]],
+                "vs_one_row": median[name, r] / median[name, rows[0]] if rows[0] == 1 else None,
+                "weight_gb_per_s": weight_bytes / median[name, r] / 1e9,
             }
             for r in rows
-        },
-    }
+        }
     write_json_atomic(args.json, report)
-    print(f"{'rows':>5} {'ms':>8} {'x 1 row':>8} {'weights GB/s':>13}")
-    for r in rows:
-        row = report["rows"][str(r)]
-        ratio = f"{row['vs_one_row']:.2f}" if row["vs_one_row"] is not None else "-"
-        print(f"{r:>5} {row['median_ms']:>8.2f} {ratio:>8} {row['weight_gb_per_s']:>13.1f}")
+    print(f"{'layout':>10} {'rows':>5} {'ms':>8} {'x 1 row':>8} {'weights GB/s':>13}")
+    for name in variants:
+        layout = "[in,out]" if name == "rows" else "[out,in]"
+        for r in rows:
+            row = report[name][str(r)]
+            ratio = f"{row['vs_one_row']:.2f}" if row["vs_one_row"] is not None else "-"
+            print(
+                f"{layout:>10} {r:>5} {row['median_ms']:>8.2f} {ratio:>8} "
+                f"{row['weight_gb_per_s']:>13.1f}"
+            )
     return 0
 
 

@@ -27,7 +27,16 @@ def test_one_layer_at_two_row_counts_writes_its_report(script, tmp_path, capsys)
     assert report["weight_bytes"] == 4 * (
         2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 + 576 * 49152
     )
-    assert "x 1 row" in capsys.readouterr().out
+    assert "x 1 row" in capsys.readouterr().out and "transposed" not in report
+
+
+def test_the_transposed_layout_is_timed_beside_the_teachers(script, tmp_path):
+    out = tmp_path / "rows.json"
+    argv = ["--rows", "1,2", "--repeats", "1", "--layers", "1", "--transposed"]
+    assert script.main([*argv, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["rows"]) == set(report["transposed"]) == {"1", "2"}
+    assert report["transposed"]["1"]["vs_one_row"] == 1.0
 
 
 @pytest.mark.parametrize("bad", [["--rows", "0"], ["--rows", "a,b"], ["--layers", "0"]])
