@@ -47,8 +47,8 @@
 # Settings (environment): JOB_SECONDS (460: the deadline), CORPUS_SECONDS (45; 0 skips phase
 # 1), CORPUS_TARGET (5000000 answer tokens), TRAIN_KINDS ("block eagle3"), BLOCK_SECONDS (100
 # s of steps at most), EAGLE3_SECONDS (100), TRAIN_STEPS (20000, the schedules' ceiling),
-# BATCH_SIZE (64), EVAL_EVERY (500), PART_BYTES (15728640), BENCH_SECONDS (0), CORPUS_DIR and WRITTEN_DIR (the
-# package's corpora), BLOCK_INIT and EAGLE3_INIT (the shipped heads). The features of the
+# BATCH_SIZE (64), EVAL_EVERY (500), PART_BYTES (15728640), BENCH_SECONDS (0), CORPUS_DIR
+# and WRITTEN_DIR (the package's corpora), BLOCK_INIT and EAGLE3_INIT (the shipped heads). The features of the
 # ~125 shards the first head reads are the unknown: at session 25's rate (60 shards and the
 # set-up in about 100 s) about 200 s, which leaves the second head a minute or so of steps.
 set -euo pipefail

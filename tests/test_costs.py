@@ -141,13 +141,18 @@ def test_settings_are_checked():
         CostCorrection(stale_decay=1.5)
 
 
+def _tiny_auto_setup(max_position=256, max_new_tokens=120):
+    """A one-layer tiny teacher, an "auto" spec of 3 nodes to depth 3 and the n-gram drafter."""
+    cfg = LlamaConfig.tiny(vocab_size=61, num_layers=1, max_position=max_position)
+    teacher = engine.Teacher(cfg, random_params(cfg, jax.random.key(3)))
+    spec = engine.SpecConfig(budget=3, depth=3, max_new_tokens=max_new_tokens, eos_id=-7)
+    return teacher, spec, NGramDrafter(budget=3, depth=3)
+
+
 def test_generate_learns_from_its_segments_and_keeps_the_tokens():
     # A tiny teacher under "auto": the first call compiles (its segment is not used), the
     # next ones are observed; greedy tokens never depend on the correction.
-    cfg = LlamaConfig.tiny(vocab_size=61, num_layers=1, max_position=256)
-    teacher = engine.Teacher(cfg, random_params(cfg, jax.random.key(3)))
-    spec = engine.SpecConfig(budget=3, depth=3, max_new_tokens=120, eos_id=-7)
-    drafter = NGramDrafter(budget=3, depth=3)
+    teacher, spec, drafter = _tiny_auto_setup()
     prompt = [7, 8, 9] * 5
     fit = CostCorrection(min_seconds=0.0)
     greedy = engine.generate(teacher, None, prompt, spec).tokens
@@ -164,10 +169,7 @@ def test_a_loop_recompiled_for_a_larger_cache_is_not_timed():
     # one needs a larger cache, so the loop compiles again for it: that first segment must
     # not be observed (its time is compilation); run again, it is. The long answer then
     # crosses into the 1024-slot window, a new program and one more segment the second time.
-    cfg = LlamaConfig.tiny(vocab_size=61, num_layers=1, max_position=2048)
-    teacher = engine.Teacher(cfg, random_params(cfg, jax.random.key(3)))
-    spec = engine.SpecConfig(budget=3, depth=3, max_new_tokens=120, eos_id=-7)
-    drafter = NGramDrafter(budget=3, depth=3)
+    teacher, spec, drafter = _tiny_auto_setup(max_position=2048)
     short, long = [7, 8, 9] * 100, [7, 8, 9] * 134  # 300 and 402 tokens: caches 512, 1024
     assert cache_slots(len(short), spec) == 512 and cache_slots(len(long), spec) == 1024
     assert window_for(len(short) + 4, 512) == window_for(len(long) + 4, 1024) == 512
@@ -185,10 +187,7 @@ def test_a_verdict_of_the_correction_alone_does_not_stop_drafting_for_good():
     # decodes plainly. Those plain segments must still be observed: the speculative evidence
     # behind the verdict ages, the scales meet again, and drafting resumes. (Before they were
     # not, so the first bad estimate stopped drafting for the rest of a benchmark.)
-    cfg = LlamaConfig.tiny(vocab_size=61, num_layers=1, max_position=256)
-    teacher = engine.Teacher(cfg, random_params(cfg, jax.random.key(3)))
-    spec = engine.SpecConfig(budget=3, depth=3, max_new_tokens=60, eos_id=-7)
-    drafter = NGramDrafter(budget=3, depth=3)
+    teacher, spec, drafter = _tiny_auto_setup(max_new_tokens=60)
     prompt = [7, 8, 9] * 5
     curve = np.asarray([2e-3, 2.2e-3, 2.2e-3, 2.2e-3], np.float32)
     window = window_for(len(prompt) + spec.budget + 1, cache_slots(len(prompt), spec))
@@ -214,10 +213,7 @@ def test_a_segment_that_compiled_is_not_observed_even_for_a_loop_seen_before():
     # Programs dropped (the bench does so under memory-mapping pressure) come back by
     # compiling or from the compile cache; the loop's key is not new, but the segment's time
     # is mostly that work, so it must not reach the fit.
-    cfg = LlamaConfig.tiny(vocab_size=61, num_layers=1, max_position=256)
-    teacher = engine.Teacher(cfg, random_params(cfg, jax.random.key(3)))
-    spec = engine.SpecConfig(budget=3, depth=3, max_new_tokens=40, eos_id=-7)
-    drafter = NGramDrafter(budget=3, depth=3)
+    teacher, spec, drafter = _tiny_auto_setup(max_new_tokens=40)
     prompt = [7, 8, 9] * 5
     fit = CostCorrection(min_seconds=0.0)
     seen = []

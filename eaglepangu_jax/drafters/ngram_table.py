@@ -22,8 +22,9 @@ Two halves:
 Keys: three uint32 words, ``order << 16 | c_1``, ``c_2 << 16 | c_3`` and ``c_4 << 16 | c_5``
 (``K = 5``; a shorter context is right-aligned, its leading entries 0), so token ids must be
 below ``2**16``; an empty slot's first word is 0 (order 0 is never stored). Contexts of four
-and five tokens predict the teacher's held-out answers better than three: chained six deep
-over the corpora's held-out answers, 0.77 tokens right per position against 0.71 (session 35).
+and five tokens predict the teacher's held-out answers better than three offline (chained six
+deep, 0.77 tokens right per position against 0.71), but in the engine, beside prompt lookup,
+they drafted no faster, so the packaged table counts three (docs/RESULTS.md, session 35).
 
 Dimensions: ``T`` table slots, ``R`` rows, ``D`` continuation depth.
 """
