@@ -18,9 +18,11 @@ __all__ = ["load_teacher", "load_renderer", "enable_compile_cache"]
 
 
 def load_teacher() -> Teacher:
-    """The real teacher (SmolLM2-135M-Instruct, float32, weights laid out per layer)."""
+    """The real teacher (SmolLM2-135M-Instruct, float32, weights laid out per layer, with
+    the ``[out, in]`` copies that verify trees read)."""
     config, params = load_smollm2()
-    return Teacher(config, llama.prepare_params(params))
+    # Prepared from the stacked layout, the tied head's [out, in] copy is the embedding.
+    return Teacher(config, llama.prepare_params(params, transposed_copy=True))
 
 
 def load_renderer() -> ChatRenderer:

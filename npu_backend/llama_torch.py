@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 from npu_backend import bridge
 from npu_backend.attention import IMPLS, Impl, choose_impl, tree_attention
@@ -87,12 +88,14 @@ def convert_params(
     """Check the pytree against :func:`param_shapes` and convert every leaf to torch.
 
     Accepts the loaders' stacked layout and the JAX model's prepared layout (a tuple of
-    per-layer dicts, re-stacked here; its ``lm_head`` is used even for tied embeddings).
+    per-layer dicts, re-stacked here; its ``lm_head`` is used even for tied embeddings, and
+    its optional ``[out, in]`` copies are left out).
 
     Raises:
         ValueError: naming missing, unexpected or mis-shaped parameters.
     """
-    flat = _flatten(params)
+    # The JAX model's optional [out, in] weight copies are a CPU layout choice, not weights.
+    flat = _flatten(llama.without_transposed_copy(dict(params)))
     expected = param_shapes(config)
     if config.tie_embeddings and "lm_head" in flat:
         expected["lm_head"] = (config.hidden_size, config.vocab_size)

@@ -24,9 +24,11 @@ def stacked():
     return random_params(CONFIG, jax.random.PRNGKey(0))
 
 
-@pytest.fixture(scope="module", params=["stacked", "prepared"])
+@pytest.fixture(scope="module", params=["stacked", "prepared", "transposed"])
 def params(request, stacked):
-    return stacked if request.param == "stacked" else llama.prepare_params(stacked)
+    if request.param == "stacked":
+        return stacked
+    return llama.prepare_params(stacked, transposed_copy=request.param == "transposed")
 
 
 _jit_forward = jax.jit(llama.forward, static_argnames=("config", "feature_layers"))
@@ -289,6 +291,47 @@ def test_prepare_params_is_idempotent_and_unties_the_head(stacked):
     assert len(prepared["layers"]) == CONFIG.num_layers
     np.testing.assert_array_equal(prepared["lm_head"], stacked["embed"].T)
     np.testing.assert_array_equal(prepared["layers"][1]["wq"], stacked["layers"]["wq"][1])
+
+
+def test_transposed_copy_holds_every_product_weight_out_in(stacked):
+    plain = llama.prepare_params(stacked)
+    both = llama.prepare_params(stacked, transposed_copy=True)
+    assert llama.has_transposed_copy(both) and not llama.has_transposed_copy(plain)
+    assert llama.prepare_params(both, transposed_copy=True) is both
+    for layer, copy in zip(plain["layers"], (lay[llama.TRANSPOSED] for lay in both["layers"])):
+        assert sorted(copy) == sorted(llama.PRODUCTS)
+        for name in llama.PRODUCTS:
+            np.testing.assert_array_equal(copy[name], np.asarray(layer[name]).T)
+    # Tied: the head's [out, in] copy is the embedding table itself, not a second copy.
+    assert both[llama.TRANSPOSED]["lm_head"] is stacked["embed"]
+    # Added to prepared parameters, the head is copied from lm_head.
+    added = llama.prepare_params(plain, transposed_copy=True)
+    np.testing.assert_array_equal(added[llama.TRANSPOSED]["lm_head"], stacked["embed"])
+    stripped = llama.without_transposed_copy(both)
+    assert jax.tree.structure(stripped) == jax.tree.structure(plain)
+    assert llama.without_transposed_copy(plain) is plain
+
+
+@pytest.mark.parametrize("t", [1, llama.TRANSPOSED_MIN_ROWS - 1, llama.TRANSPOSED_MIN_ROWS, 9])
+def test_forwards_of_many_rows_read_the_transposed_copy(stacked, t):
+    """Zeroing the copies changes exactly the forwards of at least TRANSPOSED_MIN_ROWS tokens:
+    the dispatch is real, and shorter forwards (a decode step) never read the copy."""
+    both = llama.prepare_params(stacked, transposed_copy=True)
+    zeroed = {
+        **both,
+        "layers": tuple(
+            {**lay, llama.TRANSPOSED: jax.tree.map(jnp.zeros_like, lay[llama.TRANSPOSED])}
+            for lay in both["layers"]
+        ),
+        llama.TRANSPOSED: {"lm_head": jnp.zeros_like(both[llama.TRANSPOSED]["lm_head"])},
+    }
+    tokens, mask = list(range(1, t + 1)), _causal(t)
+    a, _, _ = _forward(both, tokens, range(t), _empty_cache(), mask)
+    b, _, _ = _forward(zeroed, tokens, range(t), _empty_cache(), mask)
+    if t >= llama.TRANSPOSED_MIN_ROWS:
+        assert np.all(np.asarray(b) == 0.0) and not np.all(np.asarray(a) == 0.0)
+    else:
+        np.testing.assert_array_equal(a, b)
 
 
 def test_untied_lm_head_is_used():

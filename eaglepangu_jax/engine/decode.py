@@ -71,15 +71,22 @@ class Teacher:
 
     The parameters are converted once to the forward's prepared layout (per-layer arrays,
     an ``[H, V]`` output head): with stacked layers XLA copies every layer's weights each
-    step, which made decoding about 2x slower.
+    step, which made decoding about 2x slower. Unless ``transposed_copy`` is False they also
+    get the ``[out, in]`` weight copies that full verify trees multiply faster on a CPU (see
+    :func:`llama.prepare_params`; the machine calibration times this layout). Without them
+    the teacher holds one copy of its weights (half the memory) and verifies more slowly.
     """
 
     config: LlamaConfig
     params: dict
+    transposed_copy: bool = True
 
     def __post_init__(self):
         if "layers" in self.params:  # an empty dict stands for "config only" (validation)
-            object.__setattr__(self, "params", llama.prepare_params(self.params))
+            prepared = llama.prepare_params(self.params, transposed_copy=self.transposed_copy)
+            if not self.transposed_copy:
+                prepared = llama.without_transposed_copy(prepared)
+            object.__setattr__(self, "params", prepared)
 
 
 def window_for(needed: int, capacity: int) -> int:

@@ -23,6 +23,12 @@ is a static shape: one compilation per bucket.
   are read in place, a decode step streams them once (near the memory-bandwidth floor);
   compiling takes ~L times longer. Use it for anything repeated.
 
+The prepared layout may also carry each weight matrix a second time, stored ``[out, in]``
+(``prepare_params(..., transposed_copy=True)``): on a CPU, XLA's product of several rows
+with that layout is faster than with ``[in, out]``, while one row costs the same. A forward
+of ``T >= TRANSPOSED_MIN_ROWS`` tokens (a full verify tree, a prefill) reads the copy, a
+decode step the original; the logits agree to float rounding.
+
 **A head over part of the vocabulary.** Prepared params may carry ``vocab_ids`` ``[K]`` with
 ``lm_head`` ``[H, K]``: the model then scores only those ``K`` tokens and every other logit is
 ``-inf`` (a distilled draft model's head: its cost per token is a ``K``-column product, not
@@ -52,12 +58,28 @@ __all__ = [
     "forward_residual",
     "prepare_params",
     "is_prepared",
+    "has_transposed_copy",
+    "without_transposed_copy",
+    "TRANSPOSED_MIN_ROWS",
     "layer_params",
     "window_bucket",
     "rms_norm",
 ]
 
 LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+
+# The layer weights that multiply the residual stream (the norms' scales do not).
+PRODUCTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+# Key of the optional ``[out, in]`` weight copies (``prepare_params(transposed_copy=True)``).
+TRANSPOSED = "transposed"
+
+# From this many rows a product reads the [out, in] copy. Measured on a 2-core x86 CPU with
+# XLA (bench/matmul_rows.py --transposed, the teacher's shapes): one row costs the same in
+# both layouts, 2-3 rows are 7-22% slower from [out, in], 5 / 9 / 17 rows 10-16% faster;
+# the whole verify forward at 9 slots about 9% faster. The engine verifies 1, 4 or 9 slots
+# for its default 8-node trees, so only full trees (and prefill) take the copy.
+TRANSPOSED_MIN_ROWS = 5
 
 
 def forward(
@@ -254,7 +276,7 @@ def forward_detached(
     return logits, features, new_k.astype(cache.k.dtype), new_v.astype(cache.v.dtype)
 
 
-def prepare_params(params: dict) -> dict:
+def prepare_params(params: dict, *, transposed_copy: bool = False) -> dict:
     """Convert stacked parameters to the prepared layout (idempotent).
 
     Layout: ``{"embed": [V, H], "layers": (L dicts with the stacked layout's layer keys,
@@ -262,19 +284,66 @@ def prepare_params(params: dict) -> dict:
     once; tied embeddings also get a transposed ``lm_head`` copy, because contracting the
     ``[V, H]`` table on its minor axis ran at half the bandwidth of a plain ``[H, V]``
     product.
+
+    With ``transposed_copy`` every layer and the top level also carry ``"transposed"``: the
+    same matrices stored ``[out, in]``, which forwards of at least
+    :data:`TRANSPOSED_MIN_ROWS` tokens (tree verification, prefill) multiply instead (see
+    :data:`TRANSPOSED_MIN_ROWS`). It costs a second copy of the layer weights; a tied
+    output head's copy is the embedding table itself. Adding it to prepared parameters that
+    lack it is allowed; a one-token step never reads it.
     """
-    if is_prepared(params):
-        return params
-    stacked = params["layers"]
-    n_layers = stacked["wq"].shape[0]
-    layers = tuple({name: stacked[name][i] for name in LAYER_KEYS} for i in range(n_layers))
-    lm_head = params["lm_head"] if "lm_head" in params else jnp.transpose(params["embed"])
+    if not is_prepared(params):
+        stacked = params["layers"]
+        n_layers = stacked["wq"].shape[0]
+        layers = tuple({name: stacked[name][i] for name in LAYER_KEYS} for i in range(n_layers))
+        tied = "lm_head" not in params
+        prepared = {
+            "embed": params["embed"],
+            "layers": layers,
+            "final_norm": params["final_norm"],
+            "lm_head": jnp.transpose(params["embed"]) if tied else params["lm_head"],
+        }
+        # The [V, H] table is the tied head's transposed copy: nothing more to store.
+        head_out_in = params["embed"] if tied else None
+    else:
+        prepared, head_out_in = params, None
+    if not transposed_copy or has_transposed_copy(prepared):
+        return prepared
+    if head_out_in is None:
+        head_out_in = _out_in(prepared["lm_head"])
     return {
-        "embed": params["embed"],
-        "layers": layers,
-        "final_norm": params["final_norm"],
-        "lm_head": lm_head,
+        **prepared,
+        "layers": tuple(
+            {
+                **layer,
+                TRANSPOSED: {name: _out_in(layer[name]) for name in PRODUCTS},
+            }
+            for layer in prepared["layers"]
+        ),
+        TRANSPOSED: {"lm_head": head_out_in},
     }
+
+
+def has_transposed_copy(params: dict) -> bool:
+    """True for prepared parameters made with ``prepare_params(..., transposed_copy=True)``."""
+    return TRANSPOSED in params
+
+
+def without_transposed_copy(params: dict) -> dict:
+    """``params`` with the ``[out, in]`` copies of :func:`prepare_params` dropped (for code
+    that reads the plain layout only, e.g. the torch adapter or sharding)."""
+    if not has_transposed_copy(params):
+        return params
+    return {
+        **{k: v for k, v in params.items() if k != TRANSPOSED},
+        "layers": tuple(
+            {k: v for k, v in layer.items() if k != TRANSPOSED} for layer in params["layers"]
+        ),
+    }
+
+
+def _out_in(weight: Float[Array, "I O"]) -> Float[Array, "O I"]:
+    return jnp.transpose(weight)  # a copy in XLA's row-major layout, not a view
 
 
 def is_prepared(params: dict) -> bool:
@@ -312,6 +381,15 @@ def rms_norm(
     return weight.reshape((1,) * (x.ndim - 1) + (-1,)) * normed.astype(x.dtype)
 
 
+def _product(x: Float[Array, "T I"], weights: dict, name: str) -> Float[Array, "T O"]:
+    """``x @ weights[name]``, from the ``[out, in]`` copy when there is one and ``T`` is at
+    least :data:`TRANSPOSED_MIN_ROWS` (``T`` is static: the choice is made at trace time)."""
+    copies = weights.get(TRANSPOSED)
+    if copies is not None and x.shape[0] >= TRANSPOSED_MIN_ROWS:
+        return jax.lax.dot_general(x, copies[name], (((1,), (1,)), ((), ())))
+    return x @ weights[name]
+
+
 def _decoder_layer(x, layer, attention, config):
     """One pre-norm block: attention then SwiGLU MLP, both residual. ``attention(h)`` returns
     the attention output and whatever K/V it passes back (an updated cache, or new rows)."""
@@ -319,8 +397,8 @@ def _decoder_layer(x, layer, attention, config):
     attn, kv = attention(h)
     x = x + attn
     h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-    gated = jax.nn.silu(h @ layer["w_gate"]) * (h @ layer["w_up"])
-    return x + gated @ layer["w_down"], kv
+    gated = jax.nn.silu(_product(h, layer, "w_gate")) * _product(h, layer, "w_up")
+    return x + _product(gated, layer, "w_down"), kv
 
 
 def _attention(h, layer, i, k_all, v_all, start, cos, sin, mask, config):
@@ -339,9 +417,9 @@ def _attention(h, layer, i, k_all, v_all, start, cos, sin, mask, config):
 def _project_qkv(h, layer, cos, sin, config):
     """Rotary queries ``[T, Nq, Dh]`` and keys, and values ``[T, K, Dh]``, of new tokens."""
     t, dh = h.shape[0], config.head_dim
-    q = apply_rope((h @ layer["wq"]).reshape(t, config.num_heads, dh), cos, sin)
-    k = apply_rope((h @ layer["wk"]).reshape(t, config.num_kv_heads, dh), cos, sin)
-    v = (h @ layer["wv"]).reshape(t, config.num_kv_heads, dh)
+    q = apply_rope(_product(h, layer, "wq").reshape(t, config.num_heads, dh), cos, sin)
+    k = apply_rope(_product(h, layer, "wk").reshape(t, config.num_kv_heads, dh), cos, sin)
+    v = _product(h, layer, "wv").reshape(t, config.num_kv_heads, dh)
     return q, k, v
 
 
@@ -362,7 +440,7 @@ def _attend(q, keys, values, mask, layer, config):
         width = value.shape[0]
         out = out + jnp.einsum("kgtw,wkd->tkgd", probs[..., start : start + width], value)
         start += width
-    return out.reshape(t, config.q_width) @ layer["wo"]
+    return _product(out.reshape(t, config.q_width), layer, "wo")
 
 
 def _masked_softmax(
@@ -395,7 +473,7 @@ def _outputs(params, x, taps, feature_layers, config):
 
 def _lm_head(h: Float[Array, "T H"], params: dict) -> Float[Array, "T K"]:
     if "lm_head" in params:
-        logits = h @ params["lm_head"]
+        logits = _product(h, params, "lm_head")
     else:
         # Tied embeddings in the stacked layout: contract on the embedding's hidden axis.
         logits = jax.lax.dot_general(h, params["embed"], (((1,), (1,)), ((), ())))

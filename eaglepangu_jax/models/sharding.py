@@ -68,7 +68,8 @@ def shard_params(params: dict, mesh: Mesh, *, config: LlamaConfig, axis: str = A
         according to the module docstring.
     """
     size = mesh.shape[axis]
-    prepared = llama.prepare_params(params)
+    # The [out, in] copies are not sharded: the sharded forward reads the plain layout.
+    prepared = llama.without_transposed_copy(llama.prepare_params(params))
     specs = layer_specs(config, size, axis)
 
     def put(x, spec):

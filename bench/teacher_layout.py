@@ -1,0 +1,124 @@
+"""The teacher's ``[out, in]`` weight copies, side by side in the engine: greedy, each drafter
+with the teacher as the library builds it (full verify trees multiply the ``[out, in]``
+copies, see ``llama.prepare_params``) and the same drafter on the teacher without them
+(every product from the ``[in, out]`` weights), interleaved per turn on the same prompts,
+under the default controller.
+
+Both teachers share one set of ``[in, out]`` weights; the copies add only the second
+layout. The copy-free variant runs as a runner around the same engine (and the same
+re-run-if-compiled rule as every method) and learns its own cost correction. Both read
+this machine's calibration, which is measured with the copies, so the copy-free variant is
+told verify costs a little below its own: its correction learns the difference, as it
+learns any machine's. ::
+
+    PYTHONPATH=. python3 bench/teacher_layout.py --suite dev --per-category 2 \\
+        --methods ngram,ngram-corpus --json layout.json
+
+Methods are named ``D`` (with the copies) and ``D/in-out`` (without); the JSON is the bench
+report with a ``teacher_layout`` entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Sequence
+
+PLAIN_SUFFIX = "/in-out"
+
+
+class PlainLayoutRunner:
+    """Runs an engine method on a teacher without the ``[out, in]`` copies."""
+
+    def __init__(self, teacher: Any, method: Any):
+        self.teacher, self.method = teacher, method
+
+    def __call__(self, prompt_ids: Sequence[int], spec, *, eos_id: int):
+        from eaglepangu_jax.evaluation.run import run_method
+
+        result, _ = run_method(self.teacher, self.method, prompt_ids)
+        return result
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "teacher_layout": "prepared, [in, out] weights only",
+            "drafter": repr(self.method.drafter),
+        }
+
+
+def main(argv=None, *, teacher=None, renderer=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", default="dev")
+    p.add_argument(
+        "--per-category", type=int, default=2, help="conversations per category (0: all)"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--methods", default="ngram,ngram-corpus", help="drafters, comma-separated")
+    p.add_argument("--json", required=True, help="the report to write")
+    args = p.parse_args(argv)
+    if args.per_category < 0:
+        p.error("--per-category must be >= 0 (0: every conversation)")
+    if args.max_new_tokens < 1:
+        p.error("--max-new-tokens must be >= 1")
+
+    from eaglepangu_jax import runtime
+    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
+    from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.engine.decode import Teacher
+    from eaglepangu_jax.evaluation.report import format_summary, write_report
+    from eaglepangu_jax.evaluation.run import run_bench
+    from eaglepangu_jax.evaluation.suites import load_suite, per_category
+    from eaglepangu_jax.methods.registry import (
+        PEER_METHODS,
+        REFERENCE,
+        make_method,
+        parse_methods,
+    )
+
+    try:
+        names = [n for n in parse_methods(args.methods) if n != REFERENCE]
+    except ValueError as err:
+        p.error(str(err))
+    if not names:
+        p.error("--methods names no drafter")
+    peers = [n for n in names if n in PEER_METHODS]
+    if peers:
+        p.error(f"{', '.join(peers)} does not run in the engine")
+    teacher = teacher if teacher is not None else runtime.load_teacher()
+    renderer = renderer if renderer is not None else runtime.load_renderer()
+    # The same [in, out] arrays: only the copies are left out, nothing is duplicated.
+    plain = Teacher(teacher.config, teacher.params, transposed_copy=False)
+    spec = SpecConfig(max_new_tokens=args.max_new_tokens)
+    methods = [make_method(REFERENCE, spec)]
+    for name in names:
+        method = make_method(name, spec)
+        # Its own cost correction: the two layouts' verify costs differ.
+        twin = dataclasses.replace(method, correction=None)
+        methods += [
+            method,
+            dataclasses.replace(
+                method,
+                name=name + PLAIN_SUFFIX,
+                runner=PlainLayoutRunner(plain, twin),
+                # The twin's correction, so the report shows the one that learns.
+                correction=twin.correction,
+            ),
+        ]
+    ensure_calibration(teacher, controlled_methods(methods))
+    conversations = load_suite(args.suite)
+    if args.per_category:
+        conversations = per_category(conversations, args.per_category)
+    report = run_bench(teacher, conversations, methods, renderer)
+    report["teacher_layout"] = {
+        "suite": args.suite,
+        "per_category": args.per_category,
+        "with_copies": names,
+        "without_copies": [n + PLAIN_SUFFIX for n in names],
+    }
+    write_report(args.json, report)
+    print(format_summary(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
