@@ -13,6 +13,11 @@ With ``--transposed`` the same products also run on the weights stored ``[out, i
 product contracting both operands' minor axis), interleaved with the ``[in, out]`` layout the
 teacher uses, under the key ``transposed`` of the report: XLA picks other kernels for it.
 
+With ``--fused`` the layer's products that read the same input also run as one product each:
+q, k and v against one ``[H, Q + 2 KV]`` weight, gate and up against one ``[H, 2 F]``
+(same bytes, two products a layer instead of five; key ``fused``, and
+``fused_transposed`` with ``--transposed``).
+
 Interleaved over ``--repeats`` passes (every row count timed once per pass, median kept).
 Writes JSON and prints a table. Example::
 
@@ -37,6 +42,11 @@ def main(argv=None) -> int:
         "--transposed",
         action="store_true",
         help="also time the weights stored [out, in] (interleaved; reported apart)",
+    )
+    p.add_argument(
+        "--fused",
+        action="store_true",
+        help="also time q/k/v and gate/up as one product each (interleaved; reported apart)",
     )
     p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
@@ -101,6 +111,37 @@ def main(argv=None) -> int:
             flipped,
             flip(lm_head),
         )
+    if args.fused:
+
+        def fuse(w):
+            return dict(
+                qkv=jnp.concatenate([w["wq"], w["wk"], w["wv"]], axis=1),
+                wo=w["wo"],
+                gate_up=jnp.concatenate([w["gate"], w["up"]], axis=1),
+                down=w["down"],
+            )
+
+        def fused_chain(mm):
+            @jax.jit
+            def products(x, layers, lm_head):
+                for w in layers:
+                    qkv = mm(x, w["qkv"])
+                    q, k, v = qkv[:, :h], qkv[:, h : h + kv], qkv[:, h + kv :]
+                    x = x + mm(q + jnp.tile(k + v, h // kv), w["wo"]) * 0.01
+                    gate, up = jnp.split(mm(x, w["gate_up"]), 2, axis=1)
+                    x = x + mm(jax.nn.silu(gate) * up, w["down"]) * 0.01
+                return mm(x, lm_head)
+
+            return products
+
+        fused = tuple(fuse(w) for w in layers)
+        variants["fused"] = (fused_chain(lambda x, w: x @ w), fused, lm_head)
+        if args.transposed:
+            variants["fused_transposed"] = (
+                fused_chain(lambda x, w: jnp.einsum("ti,oi->to", x, w)),
+                tuple({k: flip(v) for k, v in w.items()} for w in fused),
+                flip(lm_head),
+            )
     inputs = {r: jnp.ones((r, h), jnp.float32) for r in rows}
     for fn, ws, head in variants.values():  # compile
         for r in rows:
@@ -139,7 +180,12 @@ def main(argv=None) -> int:
     write_json_atomic(args.json, report)
     print(f"{'layout':>10} {'rows':>5} {'ms':>8} {'x 1 row':>8} {'weights GB/s':>13}")
     for name in variants:
-        layout = "[in,out]" if name == "rows" else "[out,in]"
+        layout = {
+            "rows": "[in,out]",
+            "transposed": "[out,in]",
+            "fused": "fused",
+            "fused_transposed": "fused^T",
+        }[name]
         for r in rows:
             row = report[name][str(r)]
             ratio = f"{row['vs_one_row']:.2f}" if row["vs_one_row"] is not None else "-"

@@ -16,6 +16,12 @@ learns any machine's. ::
 
 Methods are named ``D`` (with the copies) and ``D/in-out`` (without); the JSON is the bench
 report with a ``teacher_layout`` entry.
+
+With ``--verify-slots`` the script times the engine's verify forward alone instead, at each
+number of slots after ``--context`` committed tokens, the two teachers alternating (each
+pass times every point once per teacher; the median of ``--repeats`` passes is kept)::
+
+    PYTHONPATH=. python3 bench/teacher_layout.py --verify-slots 1,2,4,5,9,17 --json v.json
 """
 
 from __future__ import annotations
@@ -54,26 +60,29 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--methods", default="ngram,ngram-corpus", help="drafters, comma-separated")
+    p.add_argument(
+        "--verify-slots",
+        default=None,
+        help="time the verify forward at these slot counts instead of generating",
+    )
+    p.add_argument("--context", type=int, default=200, help="committed tokens (verify timing)")
+    p.add_argument("--repeats", type=int, default=15, help="timed passes (verify timing)")
     p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
+    slots = None
+    if args.verify_slots is not None:
+        try:
+            slots = [int(s) for s in args.verify_slots.split(",")]
+        except ValueError:
+            p.error(f"--verify-slots must be comma-separated integers, got {args.verify_slots!r}")
+        if not slots or min(slots) < 1 or args.context < 0 or args.repeats < 1:
+            p.error("--verify-slots must be >= 1 each, --context >= 0, --repeats >= 1")
     if args.per_category < 0:
         p.error("--per-category must be >= 0 (0: every conversation)")
     if args.max_new_tokens < 1:
         p.error("--max-new-tokens must be >= 1")
 
-    from eaglepangu_jax import runtime
-    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
-    from eaglepangu_jax.engine.config import SpecConfig
-    from eaglepangu_jax.engine.decode import Teacher
-    from eaglepangu_jax.evaluation.report import format_summary, write_report
-    from eaglepangu_jax.evaluation.run import run_bench
-    from eaglepangu_jax.evaluation.suites import load_suite, per_category
-    from eaglepangu_jax.methods.registry import (
-        PEER_METHODS,
-        REFERENCE,
-        make_method,
-        parse_methods,
-    )
+    from eaglepangu_jax.methods.registry import PEER_METHODS, REFERENCE, parse_methods
 
     try:
         names = [n for n in parse_methods(args.methods) if n != REFERENCE]
@@ -84,14 +93,35 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     peers = [n for n in names if n in PEER_METHODS]
     if peers:
         p.error(f"{', '.join(peers)} does not run in the engine")
-    teacher = teacher if teacher is not None else runtime.load_teacher()
-    renderer = renderer if renderer is not None else runtime.load_renderer()
+
+    from eaglepangu_jax import runtime
+    from eaglepangu_jax.engine.decode import Teacher
+
+    if teacher is None:
+        # Long prompts (MT-Bench's extraction turns) need caches of new shapes, compiled
+        # per method and layout: from the compile cache, a rerun reads them back.
+        runtime.enable_compile_cache(None)
+        teacher = runtime.load_teacher()
     # The same [in, out] arrays: only the copies are left out, nothing is duplicated.
     plain = Teacher(teacher.config, teacher.params, transposed_copy=False)
-    spec = SpecConfig(max_new_tokens=args.max_new_tokens)
+    if slots is not None:
+        return _verify_report(teacher, plain, slots, args.context, args.repeats, args.json)
+
+    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
+    from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.evaluation.report import format_summary, write_report
+    from eaglepangu_jax.evaluation.run import run_bench
+    from eaglepangu_jax.evaluation.suites import load_suite, per_category
+    from eaglepangu_jax.methods.registry import DEFAULT_BUDGET, DEFAULT_DEPTH, make_method
+
+    renderer = renderer if renderer is not None else runtime.load_renderer()
+    # The tree settings of `eaglepangu bench` with none given.
+    spec = SpecConfig(
+        budget=DEFAULT_BUDGET, depth=DEFAULT_DEPTH, max_new_tokens=args.max_new_tokens
+    )
     methods = [make_method(REFERENCE, spec)]
     for name in names:
-        method = make_method(name, spec)
+        method = make_method(name, spec, default_depth=True)
         # Its own cost correction: the two layouts' verify costs differ.
         twin = dataclasses.replace(method, correction=None)
         methods += [
@@ -118,6 +148,50 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     write_report(args.json, report)
     print(format_summary(report))
     return 0
+
+
+def _verify_report(with_copies, plain, slots, context, repeats, path) -> int:
+    import statistics
+
+    from eaglepangu_jax.calibration.measure import measure_grid
+    from eaglepangu_jax.files import write_json_atomic
+
+    teachers = {"with_copies": with_copies, "in_out_only": plain}
+    times = {(name, s): [] for name in teachers for s in slots}
+    for _ in range(repeats):
+        for name, teacher in teachers.items():
+            # One timed pass per call (each call first runs every point untimed, from the
+            # compile cache after the first pass), the teachers alternating pass by pass.
+            for sample in measure_grid(teacher, slots, [context], 1):
+                times[name, sample.slots].append(sample.seconds)
+    ms = {key: 1e3 * statistics.median(t) for key, t in times.items()}
+    report = {
+        "context": context,
+        "repeats": repeats,
+        "min_rows_for_copies": _min_rows(),
+        "verify_ms": {
+            str(s): {
+                "with_copies": ms["with_copies", s],
+                "in_out_only": ms["in_out_only", s],
+                "ratio": ms["with_copies", s] / ms["in_out_only", s],
+            }
+            for s in slots
+        },
+    }
+    write_json_atomic(path, report)
+    print(f"{'slots':>5} {'[in,out] ms':>12} {'with copies ms':>15} {'ratio':>6}")
+    for s in slots:
+        row = report["verify_ms"][str(s)]
+        print(
+            f"{s:>5} {row['in_out_only']:>12.2f} {row['with_copies']:>15.2f} {row['ratio']:>6.3f}"
+        )
+    return 0
+
+
+def _min_rows() -> int:
+    from eaglepangu_jax.models.llama import TRANSPOSED_MIN_ROWS
+
+    return TRANSPOSED_MIN_ROWS
 
 
 if __name__ == "__main__":

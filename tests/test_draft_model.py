@@ -59,7 +59,14 @@ def forward_all(params, config, tokens):
 
 def test_a_head_over_part_of_the_vocabulary_scores_only_those_tokens(teacher):
     ids = np.array([3, 0, 50, 7, 96], np.int32)
-    partial = dict(teacher.params, lm_head=teacher.params["lm_head"][:, ids], vocab_ids=ids)
+    # The teacher's [out, in] copies are dropped before its head is replaced (a stale copy of
+    # the full head would be refused).
+    params = llama.without_transposed_copy(teacher.params)
+    with pytest.raises(ValueError, match="without_transposed_copy"):
+        forward_all(
+            dict(teacher.params, lm_head=params["lm_head"][:, ids], vocab_ids=ids), CFG, PROMPT
+        )
+    partial = dict(params, lm_head=params["lm_head"][:, ids], vocab_ids=ids)
     full = forward_all(teacher.params, CFG, PROMPT)
     part = forward_all(partial, CFG, PROMPT)
     np.testing.assert_allclose(part[:, ids], full[:, ids], rtol=1e-5, atol=1e-5)

@@ -39,6 +39,15 @@ def test_the_transposed_layout_is_timed_beside_the_teachers(script, tmp_path):
     assert report["transposed"]["1"]["vs_one_row"] == 1.0
 
 
+def test_fused_products_are_timed_beside_both_layouts(script, tmp_path):
+    out = tmp_path / "rows.json"
+    argv = ["--rows", "1,2", "--repeats", "1", "--layers", "1", "--transposed", "--fused"]
+    assert script.main([*argv, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    for name in ("rows", "transposed", "fused", "fused_transposed"):
+        assert set(report[name]) == {"1", "2"} and report[name]["1"]["vs_one_row"] == 1.0
+
+
 @pytest.mark.parametrize("bad", [["--rows", "0"], ["--rows", "a,b"], ["--layers", "0"]])
 def test_bad_arguments_are_refused_by_name(script, tmp_path, bad, capsys):
     with pytest.raises(SystemExit) as exc:

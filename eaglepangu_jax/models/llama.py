@@ -290,7 +290,9 @@ def prepare_params(params: dict, *, transposed_copy: bool = False) -> dict:
     :data:`TRANSPOSED_MIN_ROWS` tokens (tree verification, prefill) multiply instead (see
     :data:`TRANSPOSED_MIN_ROWS`). It costs a second copy of the layer weights; a tied
     output head's copy is the embedding table itself. Adding it to prepared parameters that
-    lack it is allowed; a one-token step never reads it.
+    lack it is allowed; a one-token step never reads it. The copies are made once: replace a
+    weight in such a dict only after :func:`without_transposed_copy` (a copy of another shape
+    is refused at trace time; one of the same shape would silently stay the old weight).
     """
     if not is_prepared(params):
         stacked = params["layers"]
@@ -352,10 +354,11 @@ def is_prepared(params: dict) -> bool:
 
 
 def layer_params(params: dict, i: int) -> dict:
-    """Layer ``i``'s weights (no leading ``L`` axis) from either layout."""
+    """Layer ``i``'s weights (no leading ``L`` axis) from either layout, without the
+    ``[out, in]`` copies."""
     layers = params["layers"]
     if isinstance(layers, (list, tuple)):
-        return layers[i]
+        return {k: v for k, v in layers[i].items() if k != TRANSPOSED}
     return {name: layers[name][i] for name in LAYER_KEYS}
 
 
@@ -386,7 +389,14 @@ def _product(x: Float[Array, "T I"], weights: dict, name: str) -> Float[Array, "
     least :data:`TRANSPOSED_MIN_ROWS` (``T`` is static: the choice is made at trace time)."""
     copies = weights.get(TRANSPOSED)
     if copies is not None and x.shape[0] >= TRANSPOSED_MIN_ROWS:
-        return jax.lax.dot_general(x, copies[name], (((1,), (1,)), ((), ())))
+        copy, weight = copies[name], weights[name]
+        if copy.shape != weight.shape[::-1]:
+            # A weight was replaced after the copies were made (e.g. a narrower lm_head).
+            raise ValueError(
+                f"the [out, in] copy of {name!r} is {copy.shape}, the weight {weight.shape}: "
+                "drop stale copies with llama.without_transposed_copy before replacing weights"
+            )
+        return jax.lax.dot_general(x, copy, (((1,), (1,)), ((), ())))
     return x @ weights[name]
 
 
