@@ -155,6 +155,7 @@ def _verify_report(with_copies, plain, slots, context, repeats, path) -> int:
 
     from eaglepangu_jax.calibration.measure import measure_grid
     from eaglepangu_jax.files import write_json_atomic
+    from eaglepangu_jax.models.llama import TRANSPOSED_MIN_ROWS
 
     teachers = {"with_copies": with_copies, "in_out_only": plain}
     times = {(name, s): [] for name in teachers for s in slots}
@@ -168,7 +169,7 @@ def _verify_report(with_copies, plain, slots, context, repeats, path) -> int:
     report = {
         "context": context,
         "repeats": repeats,
-        "min_rows_for_copies": _min_rows(),
+        "min_rows_for_copies": TRANSPOSED_MIN_ROWS,
         "verify_ms": {
             str(s): {
                 "with_copies": ms["with_copies", s],
@@ -186,12 +187,6 @@ def _verify_report(with_copies, plain, slots, context, repeats, path) -> int:
             f"{s:>5} {row['in_out_only']:>12.2f} {row['with_copies']:>15.2f} {row['ratio']:>6.3f}"
         )
     return 0
-
-
-def _min_rows() -> int:
-    from eaglepangu_jax.models.llama import TRANSPOSED_MIN_ROWS
-
-    return TRANSPOSED_MIN_ROWS
 
 
 if __name__ == "__main__":
