@@ -633,8 +633,9 @@ def test_depth_decay_outside_zero_one_is_refused(decay):
 
 def test_all_roots_nll_is_the_mean_depth1_loss_of_a_one_slot_block_at_every_root():
     """Every position is a root that sees only the context before it: scoring a row at once
-    equals scoring each root on the sequence cut right after it (nothing later leaks in), and
-    the positions whose next token is no target (the prompt, the padding) are left out."""
+    equals scoring each root on its own with everything after it replaced by other tokens
+    and features (nothing later leaks in), and the positions whose next token is no target
+    (the prompt, the padding) are left out."""
     cfg, vocab, batches, embed = _fake_setup()
     head = block.init_head(cfg, jax.random.key(4), embed=embed, d2t=vocab.d2t)
     one = dataclasses.replace(cfg, block_size=1)
@@ -644,22 +645,28 @@ def test_all_roots_nll_is_the_mean_depth1_loss_of_a_one_slot_block_at_every_root
         jnp.asarray(batches.tokens[rows]),
         jnp.asarray(batches.targets[rows]),
     )
+    rng = np.random.default_rng(0)
+    # One shape for every root (one compilation): the row at full length, but past the
+    # root's target, other tokens, other features and no targets.
+    score = jax.jit(
+        lambda f, tk, tg, p: train_block.sequence_scores(
+            head, one, embed, f, tk, tg, p[None], jnp.asarray([True]), jnp.asarray([0], jnp.int32)
+        )
+    )
     total, count = 0.0, 0
     for r in rows:
         lo, hi = train_block.anchor_range(int(batches.prompt_lens[r]), int(batches.lengths[r]))
         for p in range(lo, hi):
             if int(tgts[r, p + 1]) < 0:  # next token outside the draft vocabulary
                 continue
-            picked, _, valid = train_block.sequence_scores(
-                head,
-                one,
-                embed,
-                feats[r, : p + 2],
-                toks[r, : p + 2],
-                tgts[r, : p + 2],
-                jnp.asarray([p], jnp.int32),
-                jnp.asarray([True]),
-                jnp.asarray([0], jnp.int32),
+            later = np.arange(toks.shape[1]) > p + 1
+            other_toks = rng.integers(0, embed.shape[0], toks.shape[1])
+            other_feats = rng.standard_normal(feats.shape[1:]).astype(feats.dtype)
+            picked, _, valid = score(
+                jnp.where(later[:, None, None], other_feats, feats[r]),
+                jnp.where(later, other_toks, toks[r]).astype(toks.dtype),
+                jnp.where(later, -1, tgts[r]).astype(tgts.dtype),
+                jnp.int32(p),
             )
             assert bool(valid[0, 0])
             total -= float(picked[0, 0])
