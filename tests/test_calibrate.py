@@ -263,10 +263,18 @@ def test_curve_shape_monotone_and_bucket_steps():
     curve = np.asarray(cal_curve.verify_latency_curve(calibration, CFG, 100, budget))
     assert curve.shape == (budget + 1,) and curve.dtype == np.float32
     assert np.all(np.diff(curve) >= 0)
-    # Buckets 1, 4, 8, 16, 21: node counts 0 | 1-3 | 4-7 | 8-15 | 16-20 share their cost.
-    for lo, hi in [(0, 0), (1, 3), (4, 7), (8, 15), (16, 20)]:
+    # Buckets 1, 2, 4, 8, 16, 21: node counts 0 | 1 | 2-3 | 4-7 | 8-15 | 16-20 share their
+    # cost.
+    for lo, hi in [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 20)]:
         assert np.all(curve[lo : hi + 1] == curve[lo])
-    assert len(np.unique(curve)) == 5
+    assert len(np.unique(curve)) == 6
+    # A run's own sizes: 1, 4, then the full tree.
+    own = np.asarray(
+        cal_curve.verify_latency_curve(calibration, CFG, 100, budget, slot_buckets=(1, 4))
+    )
+    for lo, hi in [(0, 0), (1, 3), (4, 20)]:
+        assert np.all(own[lo : hi + 1] == own[lo])
+    assert len(np.unique(own)) == 3 and np.all(own >= curve - 1e-9)
     flat = np.asarray(cal_curve.verify_latency_curve(calibration, CFG, 100, budget, bucketed=False))
     assert np.all(np.diff(flat) > 0)  # a_c > 0: every extra slot costs
     assert np.all(flat <= curve + 1e-9)  # a bucket never costs less than its content

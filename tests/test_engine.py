@@ -275,17 +275,37 @@ def test_auto_policy_prunes_a_drafter_built_tree(teacher):
     "slots, buckets",
     [
         (1, (1,)),
-        (3, (1, 3)),
-        (5, (1, 4, 5)),
-        (9, (1, 4, 9)),  # 8 left out: 9 exceeds it by less than a quarter of it
-        (10, (1, 4, 8, 10)),
-        (17, (1, 4, 8, 17)),
-        (21, (1, 4, 8, 16, 21)),
-        (33, (1, 4, 8, 16, 33)),
+        (2, (1, 2)),
+        (3, (1, 2, 3)),
+        (5, (1, 2, 4, 5)),
+        (9, (1, 2, 4, 9)),  # 8 left out: 9 exceeds it by less than a quarter of it
+        (10, (1, 2, 4, 8, 10)),
+        (17, (1, 2, 4, 8, 17)),
+        (21, (1, 2, 4, 8, 16, 21)),
+        (33, (1, 2, 4, 8, 16, 33)),
     ],
 )
 def test_slot_buckets_literal_ladder(slots, buckets):
     assert slot_buckets(slots) == buckets
+
+
+@pytest.mark.parametrize(
+    "slots, sizes, buckets",
+    [
+        (9, (1, 4), (1, 4, 9)),
+        (9, (1, 4, 8, 16), (1, 4, 8, 9)),  # explicit sizes are kept as given
+        (4, (1, 2, 4, 8), (1, 2, 4)),
+        (1, (1, 2), (1,)),
+    ],
+)
+def test_slot_buckets_from_the_specs_sizes(slots, sizes, buckets):
+    assert slot_buckets(slots, sizes) == buckets
+
+
+@pytest.mark.parametrize("sizes", [(), (2, 4), (1, 4, 4), (1, 4, 2), [1, 2], (1, 2.0)])
+def test_bad_slot_buckets_are_refused(sizes):
+    with pytest.raises(ValueError, match="slot_buckets"):
+        SpecConfig(slot_buckets=sizes)
 
 
 def test_reference_and_performance_modes_agree(teacher, monkeypatch):

@@ -187,3 +187,24 @@ def test_missing_trace_folder_fails_before_work(teacher, tmp_path):
     spec = SpecConfig(budget=4, depth=2, max_new_tokens=5)
     with pytest.raises(ValueError, match="folder does not exist"):
         trace.generate_traced(teacher, None, PROMPT, spec, trace_path=tmp_path / "nope" / "t.jsonl")
+
+
+@pytest.mark.parametrize("sizes, one_node_slots", [(None, 2), ((1, 4), 4)])
+def test_a_one_node_round_verifies_at_the_specs_smallest_fitting_bucket(
+    teacher, tmp_path, sizes, one_node_slots
+):
+    """Under the default sizes a round that verifies one drafted node runs a 2-slot forward;
+    without the 2-slot size it pays for 4. The tokens are the same either way."""
+    spec = SpecConfig(
+        budget=8, depth=1, policy="drafter", max_new_tokens=16, eos_id=NO_EOS, slot_buckets=sizes
+    )
+    drafter = NGramDrafter(depth=1, budget=8, max_ngram=2)
+    plain = gen.generate(teacher, None, PROMPT, SpecConfig(max_new_tokens=16, eos_id=NO_EOS))
+    fused = gen.generate(teacher, drafter, PROMPT, spec)
+    path = tmp_path / "b.jsonl"
+    traced = trace.generate_traced(teacher, drafter, PROMPT, spec, trace_path=path)
+    assert fused.tokens == traced.tokens == plain.tokens
+    records = trace.read_trace(path)
+    one_node = [r["verified_slots"] for r in records if r["tree_nodes"] == 1]
+    assert one_node and set(one_node) == {one_node_slots}, records
+    assert {r["verified_slots"] for r in records if r["tree_nodes"] == 0} <= {1}

@@ -3,7 +3,7 @@
 The engine calls the controller with ``t_draft = t_other = 0`` and a ``verify_latency``
 curve, so :func:`verify_latency_curve` folds the constant overheads into every entry: adding a
 constant to every entry of the curve is exactly the same stopping rule. It also charges each
-node count the slot bucket the engine really verifies (1, 4, 8, 16, ..., budget + 1).
+node count the slot bucket the engine really verifies (1, 2, 4, 8, ..., budget + 1).
 """
 
 from __future__ import annotations
@@ -65,15 +65,17 @@ def verify_latency_curve(
     *,
     drafter: str | None = None,
     bucketed: bool = True,
+    slot_buckets: tuple[int, ...] | None = None,
 ) -> Float[Array, " N+1"]:
     """The ``verify_latency`` argument of the ``"auto"`` policy, overheads folded in.
 
     Entry ``n`` is the predicted seconds of a round verifying the root plus ``n`` nodes:
-    the forward at the engine's slot bucket (the smallest of 1, 4, 8, 16, ..., ``budget + 1``
-    holding ``n + 1`` slots) when ``bucketed``, over the engine's window at ``context``
-    committed tokens, plus ``t_other`` and the drafter's ``t_draft``. The controller compares
-    differences of the curve with the cost ``C(n) = t_draft + t_other + T(n)``, and the engine
-    passes ``t_draft = t_other = 0``, so folding the constants in gives exactly BASTION's rule.
+    the forward at the engine's slot bucket (the smallest of ``slot_buckets``, by default
+    1, 2, 4, 8, ..., and ``budget + 1`` holding ``n + 1`` slots) when ``bucketed``, over the
+    engine's window at ``context`` committed tokens, plus ``t_other`` and the drafter's
+    ``t_draft``. The controller compares differences of the curve with the cost ``C(n) =
+    t_draft + t_other + T(n)``, and the engine passes ``t_draft = t_other = 0``, so folding
+    the constants in gives exactly BASTION's rule.
 
     Args:
       calibration: a saved or fresh calibration for ``config``.
@@ -82,6 +84,7 @@ def verify_latency_curve(
       budget: the tree budget (nodes, root excluded), ``>= 1``.
       drafter: add this drafter's ``t_draft`` (it must have been calibrated).
       bucketed: charge the engine's slot bucket (``False``: exactly ``n + 1`` slots).
+      slot_buckets: the run's :attr:`SpecConfig.slot_buckets` (``None``: the default sizes).
 
     Returns:
       float32 ``[budget + 1]``, non-decreasing.
@@ -106,7 +109,7 @@ def verify_latency_curve(
         t_draft = calibration.t_draft[drafter]
     slots = np.arange(1, budget + 2)
     if bucketed:
-        sizes = np.asarray(step.slot_buckets(budget + 1))
+        sizes = np.asarray(step.slot_buckets(budget + 1, slot_buckets))
         slots = sizes[np.searchsorted(sizes, slots)]
     # The engine picks one window per round, for the full tree, whatever bucket it verifies.
     window = gen.window_for(context + budget + 1, config.max_position)
@@ -179,7 +182,13 @@ def curve_for(
             log.warning("drafter %r has no calibrated drafting cost: counting none", drafter_name)
         drafter_name = None
     return verify_latency_curve(
-        calibration, config, context, spec.budget, drafter=drafter_name, bucketed=bucketed
+        calibration,
+        config,
+        context,
+        spec.budget,
+        drafter=drafter_name,
+        bucketed=bucketed,
+        slot_buckets=spec.slot_buckets,
     )
 
 

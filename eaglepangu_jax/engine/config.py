@@ -41,6 +41,11 @@ class SpecConfig:
       choices: the ``"static"`` policy's topology, EAGLE/Medusa-style rank paths (``[0]`` is
         the top-1 child of the root, ``[0, 1]`` the second-ranked child of that, ...); at
         most ``budget`` nodes, at most ``depth`` deep.
+      slot_buckets: the verify sizes (slots, root included) compiled below the full tree, a
+        strictly increasing tuple starting at 1; a round verifies the smallest that holds
+        its valid nodes (:func:`eaglepangu_jax.engine.verification.slot_buckets`). ``None``:
+        1, 2, 4, 8, ... (a machine on which two rows cost what four do gains nothing from
+        the 2-slot size and may leave it out, e.g. ``(1, 4, 8)``).
     """
 
     policy: str = "auto"
@@ -55,6 +60,7 @@ class SpecConfig:
     draft_window: int | None = None
     eos_id: int | None = None
     choices: tuple[tuple[int, ...], ...] | None = None
+    slot_buckets: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -85,6 +91,18 @@ class SpecConfig:
                 raise ValueError(f"choices are deeper than depth {self.depth}")
         if self.draft_window is not None and self.draft_window < 1:
             raise ValueError(f"draft_window must be >= 1 or None, got {self.draft_window}")
+        if self.slot_buckets is not None:
+            sizes = self.slot_buckets
+            if (
+                not isinstance(sizes, tuple)
+                or not sizes
+                or sizes[0] != 1
+                or any(not isinstance(b, int) or b <= a for a, b in zip(sizes, sizes[1:]))
+            ):
+                raise ValueError(
+                    "slot_buckets must be a strictly increasing tuple of ints starting at 1, "
+                    f"got {sizes!r}"
+                )
 
     @property
     def sampling(self) -> bool:

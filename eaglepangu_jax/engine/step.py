@@ -41,6 +41,11 @@ from eaglepangu_jax.engine.verification import (
 )
 from eaglepangu_jax.models.config import LlamaConfig
 
+# An exploration probe verifies the drafter's best nodes up to the first slot bucket of at
+# least this many slots (3 nodes): a 2-slot probe would only ever teach the controller
+# about depth 1.
+PROBE_SLOTS = 4
+
 __all__ = [
     "StepStatic",
     "static_spec",
@@ -205,8 +210,10 @@ def controlled_tree(
         stats, static.control, full, verify_latency, draft_seconds, 0.0
     )
     # A probe must verify something to learn anything: the drafter's best nodes up to the
-    # cheapest multi-token slot bucket, more if the uncorrected scores say they pay.
-    probe_nodes = min(slot_buckets(static.tree_slots)[:2][-1], static.tree_slots) - 1
+    # first slot bucket of at least PROBE_SLOTS (so it also learns past depth 1), more if
+    # the uncorrected scores say they pay.
+    buckets = slot_buckets(static.tree_slots, static.spec.slot_buckets)
+    probe_nodes = next(b for b in buckets if b >= min(PROBE_SLOTS, static.tree_slots)) - 1
     raw = policies.prune_by_controller(full, verify_latency, draft_seconds)
     n_raw = jnp.maximum(jnp.sum(raw.valid[1:]).astype(jnp.int32), probe_nodes)
     raw = tree_lib.keep_best(full, n_raw)

@@ -272,7 +272,11 @@ def _traced_round(
     # Verify at the same slot bucket the fused step's switch would pick.
     valid = np.asarray(tree.valid)
     last_valid = int(np.max(np.nonzero(valid)[0]))
-    sizes = slot_buckets(tree.num_slots) if static.bucketed else (tree.num_slots,)
+    sizes = (
+        slot_buckets(tree.num_slots, static.spec.slot_buckets)
+        if static.bucketed
+        else (tree.num_slots,)
+    )
     tree = truncate_tree(tree, next(size for size in sizes if size > last_valid))
     inputs = clock.run("mask", _mask, static, state.cache, tree)
     logits, features, new_k, new_v = clock.run(

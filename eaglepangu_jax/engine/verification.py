@@ -58,22 +58,28 @@ def accept(
     )
 
 
-def slot_buckets(num_slots: int) -> tuple[int, ...]:
-    """Verify-forward sizes compiled for a tree of ``num_slots`` slots: 1, 4, 8, 16, ... and
-    ``num_slots`` itself. A round whose valid nodes fit a smaller bucket verifies only that
-    many slots (an n-gram drafter without a match costs one plain decode step).
+def slot_buckets(num_slots: int, sizes: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """Verify-forward sizes compiled for a tree of ``num_slots`` slots: those of ``sizes``
+    below ``num_slots``, then ``num_slots`` itself. A round whose valid nodes fit a smaller
+    bucket verifies only that many slots (an n-gram drafter without a match costs one plain
+    decode step).
 
-    Sizes double from 4 (they quadrupled once: with 17 slots a round of 4 to 15 nodes then
-    paid for 16, and the ``"auto"`` controller, which sizes trees from this curve, stopped at
-    3 nodes on text that accepts 4 to 6). A power of two that ``num_slots`` exceeds by less
-    than a quarter is left out: the full tree costs about the same and one program fewer
-    compiles (9 slots: 1, 4, 9)."""
-    sizes, b = [1], 4
-    while b < num_slots:
-        sizes.append(b)
-        b *= 2
-    if len(sizes) > 2 and num_slots - sizes[-1] < sizes[-1] / 4:
-        sizes.pop()
+    ``sizes=None`` (:attr:`SpecConfig.slot_buckets` unset): 1, 2, 4, 8, 16, ... On a 2-core
+    x86 CPU two rows cost about what one does (the teacher's verify forward 1.03x one slot)
+    while four cost 1.3-1.5x, so a round that verifies a single drafted token pays almost
+    nothing more than a plain step. Sizes double from there (they quadrupled once: with 17
+    slots a round of 4 to 15 nodes then paid for 16, and the ``"auto"`` controller, which
+    sizes trees from this curve, stopped at 3 nodes on text that accepts 4 to 6). A power of
+    two that ``num_slots`` exceeds by less than a quarter is left out: the full tree costs
+    about the same and one program fewer compiles (9 slots: 1, 2, 4, 9)."""
+    if sizes is None:
+        powers, b = [1], 2
+        while b < num_slots:
+            powers.append(b)
+            b *= 2
+        if len(powers) > 3 and num_slots - powers[-1] < powers[-1] / 4:
+            powers.pop()
+        sizes = tuple(powers)
     return tuple(s for s in sizes if s < num_slots) + (num_slots,)
 
 
@@ -172,7 +178,11 @@ def verify_and_accept(
 
         return run
 
-    sizes = slot_buckets(tree.num_slots) if static.bucketed else (tree.num_slots,)
+    sizes = (
+        slot_buckets(tree.num_slots, static.spec.slot_buckets)
+        if static.bucketed
+        else (tree.num_slots,)
+    )
     if len(sizes) == 1:
         acc, path_features, kv = branch(sizes[0])(None)
     else:

@@ -78,7 +78,7 @@ TRANSPOSED = "transposed"
 # XLA (bench/matmul_rows.py --transposed, the teacher's shapes): one row costs the same in
 # both layouts, 2-3 rows are 7-22% slower from [out, in], 5 / 9 / 17 rows 10-16% faster;
 # the whole verify forward at 9 slots 13% faster (bench/teacher_layout.py). The engine
-# verifies 1, 4 or 9 slots for its default 8-node trees, so only full trees (and prefill)
+# verifies 1, 2, 4 or 9 slots for its default 8-node trees, so only full trees (and prefill)
 # take the copy.
 TRANSPOSED_MIN_ROWS = 5
 
