@@ -45,10 +45,9 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     from eaglepangu_jax.methods.registry import (
         DEFAULT_BUDGET,
         DEFAULT_DEPTH,
-        PEER_METHODS,
         REFERENCE,
+        engine_drafters,
         make_method,
-        parse_methods,
     )
 
     # The tree settings of `eaglepangu bench` with none given.
@@ -57,14 +56,9 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     )
     try:
         dataclasses.replace(spec, slot_buckets=sizes)
-        names = [n for n in parse_methods(args.methods) if n != REFERENCE]
+        names = engine_drafters(args.methods)
     except ValueError as err:
         p.error(str(err))
-    if not names:
-        p.error("--methods names no drafter")
-    peers = [n for n in names if n in PEER_METHODS]
-    if peers:
-        p.error(f"{', '.join(peers)} does not run in the engine")
 
     from eaglepangu_jax import runtime
     from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration

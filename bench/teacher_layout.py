@@ -82,17 +82,12 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     if args.max_new_tokens < 1:
         p.error("--max-new-tokens must be >= 1")
 
-    from eaglepangu_jax.methods.registry import PEER_METHODS, REFERENCE, parse_methods
+    from eaglepangu_jax.methods.registry import REFERENCE, engine_drafters
 
     try:
-        names = [n for n in parse_methods(args.methods) if n != REFERENCE]
+        names = engine_drafters(args.methods)
     except ValueError as err:
         p.error(str(err))
-    if not names:
-        p.error("--methods names no drafter")
-    peers = [n for n in names if n in PEER_METHODS]
-    if peers:
-        p.error(f"{', '.join(peers)} does not run in the engine")
 
     from eaglepangu_jax import runtime
     from eaglepangu_jax.engine.decode import Teacher

@@ -291,6 +291,23 @@ def test_parse_methods_rejects(text, match):
         methods_lib.parse_methods(text)
 
 
+def test_engine_drafters_leave_greedy_out_and_keep_depth_entries():
+    assert methods_lib.engine_drafters("greedy,ngram,eagle3:4") == ("ngram", "eagle3:4")
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("greedy", "no drafter"),
+        ("ngram,transformers-pld", "transformers-pld does not run in the engine"),
+        ("ngram,beam", "unknown method"),
+    ],
+)
+def test_engine_drafters_rejects(text, match):
+    with pytest.raises(ValueError, match=match):
+        methods_lib.engine_drafters(text)
+
+
 @dataclasses.dataclass(frozen=True)
 class Capped:
     """A drafter stand-in whose trees go at most 4 deep."""

@@ -43,6 +43,7 @@ __all__ = [
     "PeerRunner",
     "Method",
     "parse_methods",
+    "engine_drafters",
     "split_method",
     "load_eagle3",
     "load_block",
@@ -135,6 +136,23 @@ def parse_methods(text: str | Sequence[str]) -> tuple[str, ...]:
     if repeated:
         raise ValueError(f"method(s) {repeated} given more than once")
     return (REFERENCE,) + tuple(n for n in names if n != REFERENCE)
+
+
+def engine_drafters(text: str | Sequence[str]) -> tuple[str, ...]:
+    """The drafting entries of a method list, greedy left out, for scripts that run each
+    drafter in the engine beside greedy (e.g. in two variants).
+
+    Raises:
+      ValueError: what :func:`parse_methods` refuses, a list with no drafter, or a peer
+        method (it decodes outside the engine).
+    """
+    names = tuple(n for n in parse_methods(text) if n != REFERENCE)
+    if not names:
+        raise ValueError(f"the methods name no drafter: {text!r}")
+    peers = [n for n in names if split_method(n)[0] in PEER_METHODS]
+    if peers:
+        raise ValueError(f"{', '.join(peers)} does not run in the engine")
+    return names
 
 
 def load_eagle3() -> tuple[Any, Any]:
