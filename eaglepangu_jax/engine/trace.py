@@ -47,7 +47,6 @@ from eaglepangu_jax.engine.step import (
     draft_if,
     round_paid,
     shape_tree,
-    slot_buckets,
     speculated,
     tree_if,
     truncate_tree,
@@ -57,6 +56,7 @@ from eaglepangu_jax.engine.verification import (
     path_rows,
     verify_forward,
     verify_inputs,
+    verify_sizes,
 )
 from eaglepangu_jax.files import write_text_atomic
 
@@ -272,11 +272,7 @@ def _traced_round(
     # Verify at the same slot bucket the fused step's switch would pick.
     valid = np.asarray(tree.valid)
     last_valid = int(np.max(np.nonzero(valid)[0]))
-    sizes = (
-        slot_buckets(tree.num_slots, static.spec.slot_buckets)
-        if static.bucketed
-        else (tree.num_slots,)
-    )
+    sizes = verify_sizes(static, tree.num_slots)
     tree = truncate_tree(tree, next(size for size in sizes if size > last_valid))
     inputs = clock.run("mask", _mask, static, state.cache, tree)
     logits, features, new_k, new_v = clock.run(

@@ -26,6 +26,7 @@ __all__ = [
     "committed_rows",
     "path_rows",
     "slot_buckets",
+    "verify_sizes",
     "truncate_tree",
     "verify_and_accept",
     "verify_forward",
@@ -81,6 +82,15 @@ def slot_buckets(num_slots: int, sizes: tuple[int, ...] | None = None) -> tuple[
             powers.pop()
         sizes = tuple(powers)
     return tuple(s for s in sizes if s < num_slots) + (num_slots,)
+
+
+def verify_sizes(static: StepStatic, num_slots: int) -> tuple[int, ...]:
+    """The verify sizes a step compiles for a tree of ``num_slots`` slots: the run's slot
+    buckets (:func:`slot_buckets` of ``static.spec.slot_buckets``), or the whole tree alone
+    when the step is not bucketed (batched runs)."""
+    if not static.bucketed:
+        return (num_slots,)
+    return slot_buckets(num_slots, static.spec.slot_buckets)
 
 
 def truncate_tree(tree: tree_lib.Tree, num_slots: int) -> tree_lib.Tree:
@@ -178,11 +188,7 @@ def verify_and_accept(
 
         return run
 
-    sizes = (
-        slot_buckets(tree.num_slots, static.spec.slot_buckets)
-        if static.bucketed
-        else (tree.num_slots,)
-    )
+    sizes = verify_sizes(static, tree.num_slots)
     if len(sizes) == 1:
         acc, path_features, kv = branch(sizes[0])(None)
     else:
