@@ -19,6 +19,11 @@ JSON (``--json``) and prints a table. Example::
     PYTHONPATH=. python3 bench/draft_in_loop.py --methods eagle3,block,draft-distilled \\
         --repeats 5 --json draft_in_loop.json
     PYTHONPATH=. python3 bench/draft_in_loop.py --methods eagle3,eagle3:4 --json depth.json
+    PYTHONPATH=. python3 bench/draft_in_loop.py --methods eagle3,eagle3/every-level \
+        --budget 8 --json early_stop.json
+
+``NAME/every-level`` is a drafter with an early stop (EAGLE-3) growing every level of its
+tree; its standalone time is the same as ``NAME``'s (calibration times the costliest round).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ PROMPT = (
 )
 # Fixed policies, so every round drafts a tree of the drafter's usual size.
 POLICIES = {"eagle3": "best_first", "block": "best_first", "draft-distilled": "drafter"}
+EVERY_LEVEL = "/every-level"
 
 
 def _bucket(nodes: int, slots: int) -> int:
@@ -64,6 +70,7 @@ def main() -> int:
         help="comma-separated; NAME:D runs NAME at tree depth D (e.g. eagle3,eagle3:4)",
     )
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--budget", type=int, default=None, help="tree nodes (default: 16)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--verify-calls", type=int, default=6, help="verify timings per repeat")
     p.add_argument("--json", default=None)
@@ -72,12 +79,21 @@ def main() -> int:
     teacher, renderer = runtime.load_teacher(), runtime.load_renderer()
     prompt = renderer.encode([{"role": "user", "content": PROMPT}])
     base = SpecConfig(max_new_tokens=args.max_new_tokens)
+    if args.budget is not None:
+        base = dataclasses.replace(base, budget=args.budget)
     methods = {}
     for entry in args.methods.split(","):
         # "eagle3:4": the method at tree depth 4 (default: its own default depth).
-        name, _ = split_method(entry)
+        method_name = entry.removesuffix(EVERY_LEVEL)
+        name, _ = split_method(method_name)
         spec = dataclasses.replace(base, policy=POLICIES.get(name, "best_first"))
-        methods[entry] = make_method(entry, spec, default_depth=True)
+        method = make_method(method_name, spec, default_depth=True)
+        if entry != method_name:
+            if not hasattr(method.drafter, "early_stop"):
+                raise SystemExit(f"{name} has no early stop to turn off")
+            drafter = dataclasses.replace(method.drafter, early_stop=False)
+            method = dataclasses.replace(method, name=entry, drafter=drafter)
+        methods[entry] = method
     need = max(m.spec.budget + 1 for m in methods.values())
     capacity = gen.cache_slots(len(prompt), base, teacher.config.max_position)
     first = gen.window_for(len(prompt) + need, capacity)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -137,6 +139,84 @@ def test_a_depth_temperature_of_one_changes_nothing_and_others_keep_the_root_chi
         parents, score = np.asarray(hot.parents), np.asarray(hot.logscore)
         assert all(score[i] <= score[parents[i]] for i in range(1, 11))
         assert not np.allclose(np.asarray(hot.logscore), np.asarray(raw.logscore))
+
+
+def test_children_can_enter_literal_cases():
+    can = eagle3.children_can_enter
+    pool = jnp.asarray([-0.5, -0.7, -0.9, -3.0])
+    # Three candidates beat the frontier's best (-1.0) strictly: no child can enter a top 3.
+    assert not bool(can(jnp.asarray([-1.0, -2.0]), pool, 3))
+    # A top 4 still has room (its fourth is -3.0), and a tie with the third grows.
+    assert bool(can(jnp.asarray([-1.0, -2.0]), pool, 4))
+    assert bool(can(jnp.asarray([-0.9, -2.0]), pool, 3))
+    # Fewer candidates than the budget: always grow. NaN scores count as -inf.
+    assert bool(can(jnp.asarray([-9.0]), pool[:2], 3))
+    assert bool(can(jnp.asarray([-9.0]), jnp.asarray([-0.5, jnp.nan, -0.9]), 3))
+    assert not bool(can(jnp.asarray([jnp.nan, -jnp.inf]), pool, 2))
+
+
+# (budget, depth, top_k): the shipped shape, a narrow frontier, a budget the pool barely holds.
+@pytest.mark.parametrize("shape", [(8, 6, 4), (3, 5, 2), (10, 4, 3)])
+def test_early_stop_drafts_the_tree_of_every_level_grown(tiny, shape):
+    """The same tree, leaf for leaf, over heads from flat to confident. A tree no deeper than
+    ``depth - 2`` means a level was skipped (its best node was beaten by ``budget`` shallower
+    ones, which is what stops the growth), so both kinds of round are checked."""
+    cfg, _, head_cfg, params = tiny
+    budget, depth, top_k = shape
+    trees = {}
+    for early_stop in (True, False):
+        drafter = eagle3.Eagle3Drafter(
+            config=head_cfg, budget=budget, depth=depth, top_k=top_k, early_stop=early_stop
+        )
+
+        def propose(params, ctx, drafter=drafter):
+            state = drafter.init_state(params, ctx)
+            return drafter.propose(params, state, ctx, jax.random.key(0)).tree
+
+        trees[early_stop] = jax.jit(propose)
+    depths = []
+    for sharpness in (0.1, 1.0, 8.0, 40.0):
+        for seed in range(3):
+            head = dict(params["head"])
+            noise = jax.random.normal(jax.random.key(seed), head["lm_head"].shape, jnp.float32)
+            head["lm_head"] = (head["lm_head"] + 0.05 * noise) * sharpness
+            tuned = {**params, "head": head}
+            ctx = _context(cfg, head_cfg, depth=depth)
+            ctx = dataclasses.replace(
+                ctx, features=ctx.features * (1.0 + seed), num_tokens=jnp.int32(9 + seed)
+            )
+            stopped, full = trees[True](tuned, ctx), trees[False](tuned, ctx)
+            for a, b in zip(jax.tree_util.tree_leaves(stopped), jax.tree_util.tree_leaves(full)):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            assert bool(tree_lib.is_valid(full))
+            valid = np.asarray(full.valid)
+            depths.append(int(np.asarray(full.depth)[valid].max()))
+    assert min(depths) <= depth - 2, depths  # some rounds stopped early
+    assert max(depths) >= 3, depths  # and some grew deep
+
+
+def test_calibration_times_the_drafter_with_every_level_grown(tiny, monkeypatch):
+    from eaglepangu_jax.calibration import measure
+    from eaglepangu_jax.engine.drafter import costliest
+    from eaglepangu_jax.methods.registry import Method
+
+    cfg, params, head_cfg, dparams = tiny
+    drafter = eagle3.Eagle3Drafter(config=head_cfg, budget=4, depth=3, top_k=2)
+    assert drafter.early_stop and not costliest(drafter).early_stop
+    assert costliest(costliest(drafter)) == costliest(drafter)
+    assert costliest(None) is None
+    timed = []
+    real = measure._engine_draft
+
+    def record(static, *args):
+        timed.append(static.drafter)
+        return real(static, *args)
+
+    monkeypatch.setattr(measure, "_engine_draft", record)
+    spec = SpecConfig(policy="best_first", budget=4, depth=3, max_new_tokens=8)
+    method = Method(name="eagle3", spec=spec, drafter=drafter, draft_params=dparams)
+    seconds = measure.measure_draft(Teacher(cfg, params), method, context=12, repeats=1)
+    assert seconds > 0 and timed and all(d == costliest(drafter) for d in timed)
 
 
 def test_depth_temperature_is_validated_and_read_from_the_shipped_calibration(tiny, monkeypatch):

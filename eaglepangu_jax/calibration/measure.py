@@ -41,7 +41,7 @@ from eaglepangu_jax.calibration.store import (
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine import step
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.drafter import Proposal
+from eaglepangu_jax.engine.drafter import Proposal, costliest
 from eaglepangu_jax.methods import registry as methods_lib
 from eaglepangu_jax.models.config import LlamaConfig
 
@@ -345,7 +345,10 @@ def measure_draft(
     teacher: gen.Teacher, method: methods_lib.Method, *, context: int, repeats: int, bar: Any = None
 ) -> float:
     """``t_draft`` of one drafter: the engine's proposal, tree shaping and drafter update
-    after ``context`` committed tokens; median of ``repeats`` runs, compilation excluded."""
+    after ``context`` committed tokens; median of ``repeats`` runs, compilation excluded.
+    A drafter whose cost varies by round is timed at its highest (:func:`~eaglepangu_jax.
+    engine.drafter.costliest`)."""
+    method = dataclasses.replace(method, drafter=costliest(method.drafter))
     spec = method.spec
     prompt = _probe_prompt(context + 1, teacher.config.vocab_size)
     gen.validate(teacher, method.drafter, prompt, spec)

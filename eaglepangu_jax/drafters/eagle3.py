@@ -17,7 +17,10 @@ EAGLE-2 style: the ``top_k`` best children of each of the ``top_k`` frontier nod
 cumulative log-probability) are candidates, the ``top_k`` best candidates form the next
 frontier; finally the global best ``budget`` candidates are kept. Every candidate records its
 parent's candidate index, so parents are never searched for; a NaN log-probability becomes
-``-inf`` and such nodes are padding.
+``-inf`` and such nodes are padding. A level is grown only while one of its nodes could still
+enter those ``budget`` (:func:`children_can_enter`; a ``lax.cond``, so the head does not
+run): with 8 nodes a confident head's tree is deep and an unsure one's wide and shallow, and
+the levels below the deepest node that can be chosen were computed for nothing.
 
 **Training-time test** (:func:`ttt_logits`): ``k`` unrolled steps; step ``i`` of the chain
 started at slot ``s`` attends to the teacher-feature slots ``<= s`` and to steps ``1..i`` of its
@@ -30,11 +33,12 @@ Dimensions: ``T`` slots, ``C`` buffer capacity, ``K`` top_k, ``D`` depth, ``F`` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.drafters.eagle3_head import (  # noqa: F401  (re-exported: the head's API)
@@ -59,6 +63,7 @@ __all__ = [
     "Eagle3Config",
     "Eagle3State",
     "Eagle3Drafter",
+    "children_can_enter",
     "SHIPPED_NAME",
     "load_shipped_eagle3",
     "with_depth_temperature",
@@ -77,6 +82,27 @@ class Eagle3State:
     last_hidden: Float[Array, " H"]  # h of slot length - 1: it predicts the root's child
 
 
+def children_can_enter(
+    frontier_score: Float[Array, " K"], pool_score: Float[Array, " P"], budget: int
+) -> Bool[Array, ""]:
+    """Whether growing the frontier's children can change a tree of the ``budget`` best
+    candidates of the pool: false once ``budget`` candidates already score above every
+    frontier node.
+
+    A child's score is its parent's plus a log-probability, so it is never above its parent's,
+    and nothing deeper is above the frontier's best. When ``budget`` candidates already beat
+    that best strictly, no later candidate enters the top ``budget`` (ties grow: the check
+    never changes which candidates are chosen). A pool with fewer than ``budget`` finite
+    scores always grows. NaN scores count as ``-inf``, as in the tree selection.
+    """
+    pool = jnp.where(jnp.isnan(pool_score), -jnp.inf, pool_score)
+    if pool.shape[0] < budget:
+        return jnp.asarray(True)
+    threshold = jax.lax.top_k(pool, budget)[0][budget - 1]
+    best = jnp.max(jnp.where(jnp.isnan(frontier_score), -jnp.inf, frontier_score))
+    return ~(best < threshold)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Eagle3Drafter(FeatureHeadDrafter):
     """EAGLE-3 drafter (see the module docstring); params from :func:`make_params`.
@@ -86,6 +112,9 @@ class Eagle3Drafter(FeatureHeadDrafter):
       budget: tree nodes per round, root excluded (the tree has ``budget + 1`` slots).
       depth: deepest draft node ``D``.
       top_k: children per expanded node and frontier width ``K``.
+      early_stop: grow a level only while one of its nodes could enter the final tree
+        (:func:`children_can_enter`); the tree is the same either way, and ``False`` (every
+        level grown, the cost of the deepest tree every round) is kept for comparison.
     """
 
     name: ClassVar[str] = "eagle3"
@@ -94,6 +123,7 @@ class Eagle3Drafter(FeatureHeadDrafter):
     budget: int = 16
     depth: int = 6
     top_k: int = 4
+    early_stop: bool = True
 
     def __post_init__(self):
         for field in ("budget", "depth", "top_k"):
@@ -171,17 +201,23 @@ class Eagle3Drafter(FeatureHeadDrafter):
         logp = log_probs(state.last_hidden[None, :], 0)[0]
         score, ids = jax.lax.top_k(logp, kk)
         pool_score, pool_token, pool_parent = [score], [d2t[ids]], [jnp.zeros((kk,), jnp.int32)]
-        # The frontier: pool index, token, score and the hidden its slot reads as a feature.
-        f_index = jnp.arange(kk, dtype=jnp.int32)
-        f_token, f_score = d2t[ids], score
-        f_hidden = jnp.broadcast_to(state.last_hidden[None, :], (kk, cfg.hidden_size))
-        draft_k = jnp.zeros((depth * kk, cfg.num_kv_heads, cfg.head_dim), jnp.float32)
-        draft_v = jnp.zeros_like(draft_k)
-        # anc[j, d]: draft-buffer row of frontier node j's ancestor at depth d + 1.
-        anc = jnp.zeros((kk, depth), jnp.int32)
-        anc_live = jnp.zeros((kk, depth), bool)
-        offset = kk
-        for d in range(1, depth):
+        buffer_row = jnp.arange(depth * kk, dtype=jnp.int32)
+        # The frontier: pool index, token, score and the hidden its slot reads as a feature;
+        # then the draft K/V buffer and the ancestor table anc[j, d] (draft-buffer row of
+        # frontier node j's ancestor at depth d + 1).
+        frontier = (
+            jnp.arange(kk, dtype=jnp.int32),
+            d2t[ids],
+            score,
+            jnp.broadcast_to(state.last_hidden[None, :], (kk, cfg.hidden_size)),
+            jnp.zeros((depth * kk, cfg.num_kv_heads, cfg.head_dim), jnp.float32),
+            jnp.zeros((depth * kk, cfg.num_kv_heads, cfg.head_dim), jnp.float32),
+            jnp.zeros((kk, depth), jnp.int32),
+            jnp.zeros((kk, depth), bool),
+        )
+
+        def grow(d, offset, carry):  # the children of the depth-d frontier (static d)
+            f_index, f_token, f_score, f_hidden, draft_k, draft_v, anc, anc_live = carry
             rows = (d - 1) * kk + jnp.arange(kk, dtype=jnp.int32)
             anc = anc.at[:, d - 1].set(rows)
             anc_live = anc_live.at[:, d - 1].set(True)
@@ -190,7 +226,6 @@ class Eagle3Drafter(FeatureHeadDrafter):
             q, k, v = project(head, cfg, emb, f_hidden, position)
             draft_k = draft_k.at[rows].set(k)
             draft_v = draft_v.at[rows].set(v)
-            buffer_row = jnp.arange(depth * kk, dtype=jnp.int32)
             own = jnp.any(
                 (anc[:, :, None] == buffer_row[None, None, :]) & anc_live[:, :, None], axis=1
             )  # [K, D * K]: the node's ancestors and itself
@@ -207,15 +242,37 @@ class Eagle3Drafter(FeatureHeadDrafter):
             child_score, child_ids = jax.lax.top_k(logp, kk)  # [K, K]
             cand = (f_score[:, None] + child_score).reshape(-1)
             cand = jnp.where(jnp.isnan(cand), -jnp.inf, cand)
-            pool_score.append(cand)
-            pool_token.append(d2t[child_ids].reshape(-1))
-            pool_parent.append(jnp.repeat(f_index + 1, kk))  # pool index + 1; 0 = root
             best_score, best = jax.lax.top_k(cand, kk)
             parent_row = best // kk
-            f_index = offset + best.astype(jnp.int32)
-            f_token = d2t[child_ids.reshape(-1)[best]]
-            f_score, f_hidden = best_score, h[parent_row]
-            anc, anc_live = anc[parent_row], anc_live[parent_row]
+            carry = (
+                offset + best.astype(jnp.int32),
+                d2t[child_ids.reshape(-1)[best]],
+                best_score,
+                h[parent_row],
+                draft_k,
+                draft_v,
+                anc[parent_row],
+                anc_live[parent_row],
+            )
+            return carry, cand, d2t[child_ids].reshape(-1)
+
+        def stop(carry):  # no child could enter the tree: none is computed
+            empty = jnp.full((kk * kk,), -jnp.inf, jnp.float32)
+            return carry, empty, jnp.zeros((kk * kk,), jnp.int32)
+
+        offset = kk
+        for d in range(1, depth):
+            parent = jnp.repeat(frontier[0] + 1, kk)  # pool index + 1; 0 = root
+            if self.early_stop:
+                worth = children_can_enter(frontier[2], jnp.concatenate(pool_score), self.budget)
+                frontier, cand, token = jax.lax.cond(
+                    worth, functools.partial(grow, d, offset), stop, frontier
+                )
+            else:
+                frontier, cand, token = grow(d, offset, frontier)
+            pool_score.append(cand)
+            pool_token.append(token)
+            pool_parent.append(parent)
             offset += kk * kk
         return Proposal(
             tree=self._select(

@@ -31,6 +31,7 @@ __all__ = [
     "StatelessDrafter",
     "FeatureHeadDrafter",
     "max_nodes_of",
+    "costliest",
     "fit_budget",
     "fit_curve",
 ]
@@ -85,6 +86,10 @@ class Drafter(Protocol):
     # drafters whose proposals cannot fill an arbitrary budget (``top_k`` chains of ``depth``
     # hold ``depth * top_k``). Such a drafter's tree has ``max_nodes + 1`` slots and the engine
     # verifies no more (:func:`fit_budget`). Drafters without it fill the run's budget.
+    #
+    # Optional: ``early_stop``, a bool field: True when the drafter's cost varies from round
+    # to round because it stops growing a tree whose deeper levels could not change it
+    # (EAGLE-3). Calibration times it with the field False (:func:`costliest`).
 
     def init_state(self, params: Any, context: DraftContext) -> Any:
         """Per-sequence state after the prompt was prefilled."""
@@ -131,6 +136,18 @@ class FeatureHeadDrafter:
 def max_nodes_of(drafter: Any) -> int | None:
     """The drafter's ``max_nodes`` (see :class:`Drafter`), ``None`` when it fills any budget."""
     return None if drafter is None else getattr(drafter, "max_nodes", None)
+
+
+def costliest(drafter: Any) -> Any:
+    """``drafter`` as it drafts at its highest cost: one that stops growing its trees early
+    (an ``early_stop`` field, see :class:`Drafter`) with every level grown, others as they
+    are. Calibration times this one: how many levels a round grows depends on the text, and
+    the calibrating prompt is not text. The controller's drafting cost is then an upper
+    bound, which the online cost correction (:mod:`eaglepangu_jax.engine.costs`) brings down
+    from the rounds it observes."""
+    if getattr(drafter, "early_stop", False):
+        return dataclasses.replace(drafter, early_stop=False)
+    return drafter
 
 
 def fit_budget(spec: SpecConfig, drafter: Any) -> SpecConfig:
