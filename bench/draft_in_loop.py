@@ -39,6 +39,7 @@ from eaglepangu_jax import runtime
 from eaglepangu_jax.calibration import measure
 from eaglepangu_jax.engine import SpecConfig, generate
 from eaglepangu_jax.engine import decode as gen
+from eaglepangu_jax.engine.drafter import costliest
 from eaglepangu_jax.engine.verification import slot_buckets
 from eaglepangu_jax.files import write_json_atomic
 from eaglepangu_jax.methods.registry import make_method, split_method
@@ -91,8 +92,7 @@ def main() -> int:
         if entry != method_name:
             if not hasattr(method.drafter, "early_stop"):
                 raise SystemExit(f"{name} has no early stop to turn off")
-            drafter = dataclasses.replace(method.drafter, early_stop=False)
-            method = dataclasses.replace(method, name=entry, drafter=drafter)
+            method = dataclasses.replace(method, name=entry, drafter=costliest(method.drafter))
         methods[entry] = method
     need = max(m.spec.budget + 1 for m in methods.values())
     capacity = gen.cache_slots(len(prompt), base, teacher.config.max_position)

@@ -39,6 +39,7 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     from eaglepangu_jax import runtime
     from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
     from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.engine.drafter import costliest
     from eaglepangu_jax.evaluation.report import format_summary, write_report
     from eaglepangu_jax.evaluation.run import run_bench
     from eaglepangu_jax.evaluation.suites import load_suite, per_category
@@ -64,7 +65,7 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     every_level = dataclasses.replace(
         shipped,
         name="eagle3/every-level",
-        drafter=dataclasses.replace(shipped.drafter, early_stop=False),
+        drafter=costliest(shipped.drafter),
         correction=None,  # its own, made fresh
     )
     methods = [make_method(REFERENCE, spec), shipped, every_level]

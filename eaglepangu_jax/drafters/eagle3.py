@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +80,19 @@ class Eagle3State:
     first: Int[Array, ""]  # first filled slot (earlier prompt positions had no features)
     length: Int[Array, ""]  # slots [first, length) are filled
     last_hidden: Float[Array, " H"]  # h of slot length - 1: it predicts the root's child
+
+
+class _Frontier(NamedTuple):
+    """The nodes a tree level grows from, and the draft buffers their children read."""
+
+    index: Int[Array, " K"]  # pool index of each frontier node
+    token: Int[Array, " K"]
+    score: Float[Array, " K"]  # cumulative log-probability
+    hidden: Float[Array, "K H"]  # the hidden its slot reads as a feature
+    draft_k: Float[Array, "DK Nk Dh"]  # K/V of the drafted nodes, by draft-buffer row
+    draft_v: Float[Array, "DK Nk Dh"]
+    anc: Int[Array, "K D"]  # anc[j, d]: draft-buffer row of node j's ancestor at depth d + 1
+    anc_live: Bool[Array, "K D"]
 
 
 def children_can_enter(
@@ -202,18 +215,15 @@ class Eagle3Drafter(FeatureHeadDrafter):
         score, ids = jax.lax.top_k(logp, kk)
         pool_score, pool_token, pool_parent = [score], [d2t[ids]], [jnp.zeros((kk,), jnp.int32)]
         buffer_row = jnp.arange(depth * kk, dtype=jnp.int32)
-        # The frontier: pool index, token, score and the hidden its slot reads as a feature;
-        # then the draft K/V buffer and the ancestor table anc[j, d] (draft-buffer row of
-        # frontier node j's ancestor at depth d + 1).
-        frontier = (
-            jnp.arange(kk, dtype=jnp.int32),
-            d2t[ids],
-            score,
-            jnp.broadcast_to(state.last_hidden[None, :], (kk, cfg.hidden_size)),
-            jnp.zeros((depth * kk, cfg.num_kv_heads, cfg.head_dim), jnp.float32),
-            jnp.zeros((depth * kk, cfg.num_kv_heads, cfg.head_dim), jnp.float32),
-            jnp.zeros((kk, depth), jnp.int32),
-            jnp.zeros((kk, depth), bool),
+        frontier = _Frontier(
+            index=jnp.arange(kk, dtype=jnp.int32),
+            token=d2t[ids],
+            score=score,
+            hidden=jnp.broadcast_to(state.last_hidden[None, :], (kk, cfg.hidden_size)),
+            draft_k=jnp.zeros((depth * kk, cfg.num_kv_heads, cfg.head_dim), jnp.float32),
+            draft_v=jnp.zeros((depth * kk, cfg.num_kv_heads, cfg.head_dim), jnp.float32),
+            anc=jnp.zeros((kk, depth), jnp.int32),
+            anc_live=jnp.zeros((kk, depth), bool),
         )
 
         def grow(d, offset, carry):  # the children of the depth-d frontier (static d)
@@ -244,7 +254,7 @@ class Eagle3Drafter(FeatureHeadDrafter):
             cand = jnp.where(jnp.isnan(cand), -jnp.inf, cand)
             best_score, best = jax.lax.top_k(cand, kk)
             parent_row = best // kk
-            carry = (
+            carry = _Frontier(
                 offset + best.astype(jnp.int32),
                 d2t[child_ids.reshape(-1)[best]],
                 best_score,
@@ -262,9 +272,10 @@ class Eagle3Drafter(FeatureHeadDrafter):
 
         offset = kk
         for d in range(1, depth):
-            parent = jnp.repeat(frontier[0] + 1, kk)  # pool index + 1; 0 = root
+            parent = jnp.repeat(frontier.index + 1, kk)  # pool index + 1; 0 = root
             if self.early_stop:
-                worth = children_can_enter(frontier[2], jnp.concatenate(pool_score), self.budget)
+                pool = jnp.concatenate(pool_score)
+                worth = children_can_enter(frontier.score, pool, self.budget)
                 frontier, cand, token = jax.lax.cond(
                     worth, functools.partial(grow, d, offset), stop, frontier
                 )
