@@ -340,6 +340,37 @@ def test_make_method_depth_against_drafter_maximum():
     assert own.spec.depth == 4 and own.drafter.depth == 4 and own.drafter.budget == 6
 
 
+def test_a_default_budget_becomes_the_drafters_own():
+    def loader():
+        return NGramDrafter(depth=6, budget=16, max_ngram=2), None
+
+    spec = SpecConfig(budget=8, depth=6)
+    own = methods_lib.DRAFTER_BUDGETS["eagle3"]
+    assert own != spec.budget  # otherwise the checks below would not tell the two apart
+    eagle3 = methods_lib.make_method("eagle3", spec, default_budget=True, eagle3_loader=loader)
+    assert eagle3.spec.budget == own and eagle3.drafter.budget == own
+    # A budget the user chose is kept, and the drafters without a budget of their own keep
+    # the run's.
+    chosen = methods_lib.make_method("eagle3", spec, eagle3_loader=loader)
+    assert chosen.spec.budget == 8 and chosen.drafter.budget == 8
+    ngram = methods_lib.make_method("ngram", spec, default_budget=True)
+    assert "ngram" not in methods_lib.DRAFTER_BUDGETS and ngram.spec.budget == 8
+    # A NAME:D entry sets the depth only.
+    shallow = methods_lib.make_method("eagle3:3", spec, default_budget=True, eagle3_loader=loader)
+    assert shallow.spec.budget == own and shallow.spec.depth == 3
+    # Its drafting cost is its own calibration entry.
+    assert curve.draft_cost_key(eagle3) == f"eagle3:budget={own},depth=6"
+
+
+def test_the_cli_budget_option_says_whether_it_is_a_default():
+    import argparse
+
+    from eaglepangu_jax.cli import args as args_lib
+
+    assert args_lib.budget_is_default(argparse.Namespace(budget="auto"))
+    assert not args_lib.budget_is_default(argparse.Namespace(budget=8))
+
+
 def test_a_method_entry_sets_its_depth_and_keeps_its_name():
     def loader():
         return NGramDrafter(depth=6, budget=16, max_ngram=2), None

@@ -17,7 +17,13 @@ from eaglepangu_jax.drafters.registry import DrafterUnavailableError
 from eaglepangu_jax.engine.config import POLICIES, SpecConfig
 from eaglepangu_jax.engine.decode import Teacher, validate
 from eaglepangu_jax.evaluation.grids import FULL
-from eaglepangu_jax.methods.registry import DEFAULT_BUDGET, DEFAULT_DEPTH, Method, make_method
+from eaglepangu_jax.methods.registry import (
+    DEFAULT_BUDGET,
+    DEFAULT_DEPTH,
+    DRAFTER_BUDGETS,
+    Method,
+    make_method,
+)
 
 __all__ = [
     "Formatter",
@@ -205,6 +211,12 @@ def depth_of(args: argparse.Namespace) -> tuple[int, bool]:
     return args.depth, False
 
 
+def budget_is_default(args: argparse.Namespace) -> bool:
+    """Whether ``--budget`` was left at ``auto``: a drafter with a budget of its own
+    (:data:`~eaglepangu_jax.methods.registry.DRAFTER_BUDGETS`) then runs at it."""
+    return args.budget == "auto"
+
+
 def spec_of(parser: argparse.ArgumentParser, args: argparse.Namespace, **extra: Any) -> SpecConfig:
     """The run's :class:`SpecConfig` from the tree options, or a parser error."""
     depth, _ = depth_of(args)
@@ -230,6 +242,7 @@ def method_of(
     torch_threads: int | None = None,
     draft_top_k: int | None = None,
     draft_tree: str | None = None,
+    default_budget: bool = False,
 ) -> Method:
     """``make_method`` with its errors turned into a parser error."""
     try:
@@ -237,6 +250,7 @@ def method_of(
             name,
             spec,
             default_depth=default,
+            default_budget=default_budget,
             torch_threads=torch_threads,
             draft_top_k=draft_top_k,
             draft_tree=draft_tree,
@@ -262,8 +276,9 @@ def add_tree_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None
         default="auto",
         metavar="{auto,N}",
         help=f"tree nodes verified per round, root excluded; 'auto' = "
-        f"{DEFAULT_BUDGET} (with --policy auto: the ceiling under which "
-        f"the controller chooses each round)",
+        f"{DEFAULT_BUDGET}, or the drafter's own "
+        f"({', '.join(f'{k} {v}' for k, v in DRAFTER_BUDGETS.items())}) "
+        f"(with --policy auto: the ceiling under which the controller chooses each round)",
     )
     p.add_argument(
         "--depth",

@@ -152,9 +152,17 @@ def run_bench_command(parser, args, teacher=None, renderer=None) -> int:
     conversations = _conversations(parser, args)
     device = backend_lib.torch_device(parser, args)
     _, default = args_lib.depth_of(args)
+    default_budget = args_lib.budget_is_default(args)
     methods = [
         args_lib.method_of(
-            parser, name, spec, default, args.torch_threads, args.draft_top_k, args.draft_tree
+            parser,
+            name,
+            spec,
+            default,
+            args.torch_threads,
+            args.draft_top_k,
+            args.draft_tree,
+            default_budget=default_budget,
         )
         for name in names
     ]
@@ -166,7 +174,10 @@ def run_bench_command(parser, args, teacher=None, renderer=None) -> int:
             parser.error(f"argument --plot-dir: {err}")
     if args.methods is None:
         try:
-            methods.insert(1, make_method("eagle3", spec, default_depth=default))
+            methods.insert(
+                1,
+                make_method("eagle3", spec, default_depth=default, default_budget=default_budget),
+            )
         except (ValueError, DrafterUnavailableError) as err:
             args_lib.note(f"methods: greedy, ngram (eagle3 unavailable: {err})")
     # The opening turns are encoded and checked against the teacher's shape before its
@@ -220,7 +231,7 @@ def run_demo(parser, args, teacher=None, renderer=None) -> int:
     )
     methods = [make_method("greedy", spec)]
     try:
-        methods.append(make_method("eagle3", spec, default_depth=True))
+        methods.append(make_method("eagle3", spec, default_depth=True, default_budget=True))
         args_lib.note("shipped drafter: eagle3")
     except (ValueError, DrafterUnavailableError) as err:
         args_lib.note(f"shipped drafter: ngram (eagle3 unavailable: {err})")

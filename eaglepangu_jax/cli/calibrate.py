@@ -112,9 +112,11 @@ def _method(name: str, spec: SpecConfig, teacher: Teacher) -> methods_lib.Method
 
             return load_shipped_eagle3(teacher.params)
 
-        return methods_lib.make_method(name, spec, default_depth=True, eagle3_loader=loader)
+        return methods_lib.make_method(
+            name, spec, default_depth=True, default_budget=True, eagle3_loader=loader
+        )
     if name != "block":
-        return methods_lib.make_method(name, spec, default_depth=True)
+        return methods_lib.make_method(name, spec, default_depth=True, default_budget=True)
     try:
         from eaglepangu_jax.drafters.block import load_shipped_block
     except ImportError as err:

@@ -96,10 +96,13 @@ def run(parser, args, teacher=None, renderer=None) -> int:
         parser.error("--trace times the JAX engine's phases; it needs --backend jax")
     device = backend_lib.torch_device(parser, args)
     _, default = args_lib.depth_of(args)
+    default_budget = args_lib.budget_is_default(args)
     name = args.drafter
     if name is None:
         try:
-            method = make_method("eagle3", spec, default_depth=default)
+            method = make_method(
+                "eagle3", spec, default_depth=default, default_budget=default_budget
+            )
         except (ValueError, DrafterUnavailableError) as err:
             args_lib.note(f"drafter: ngram (eagle3 unavailable: {err})")
             method = args_lib.method_of(parser, "ngram", spec, default)
@@ -113,6 +116,7 @@ def run(parser, args, teacher=None, renderer=None) -> int:
             default,
             draft_top_k=args.draft_top_k,
             draft_tree=args.draft_tree,
+            default_budget=default_budget,
         )
         args_lib.note(f"drafter: {name}")
 

@@ -4,6 +4,7 @@
 from eaglepangu_jax.methods.registry import (
     DEFAULT_BUDGET,
     DEFAULT_DEPTH,
+    DRAFTER_BUDGETS,
     METHODS,
     REFERENCE,
     DrafterUnavailableError,
@@ -16,6 +17,7 @@ from eaglepangu_jax.methods.registry import (
 __all__ = [
     "DEFAULT_BUDGET",
     "DEFAULT_DEPTH",
+    "DRAFTER_BUDGETS",
     "METHODS",
     "REFERENCE",
     "DrafterUnavailableError",

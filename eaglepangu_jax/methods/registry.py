@@ -36,6 +36,7 @@ __all__ = [
     "PEER_METHODS",
     "METHODS",
     "DEFAULT_BUDGET",
+    "DRAFTER_BUDGETS",
     "DEFAULT_DEPTH",
     "CPU_PEAK_FLOPS",
     "CPU_BANDWIDTH",
@@ -62,6 +63,12 @@ PEER_METHODS = {"transformers-greedy": None, "transformers-pld": peers.PROMPT_LO
 METHODS = (REFERENCE, *DRAFTER_NAMES, *PEER_METHODS)
 DEFAULT_BUDGET = 8  # tree nodes; the seeds' M = 16 verifies too slowly on 2 CPU cores
 DEFAULT_DEPTH = 6  # deepest draft node
+# Tree nodes a drafter runs at when the run's budget is a default the user did not choose
+# (``make_method(..., default_budget=True)``); drafters not named take DEFAULT_BUDGET. The
+# shipped EAGLE-3 head pays most with one node a round on 2 CPU cores: its early stop then
+# grows two levels instead of five, and a lone drafted token is verified at the 2-slot
+# bucket, about the price of a plain step (docs/RESULTS.md, "EAGLE-3 drafts one node").
+DRAFTER_BUDGETS = {"eagle3": 1}
 CPU_PEAK_FLOPS = NOMINAL_PEAK_FLOPS  # the uncalibrated roofline's machine (see budget)
 CPU_BANDWIDTH = NOMINAL_BANDWIDTH
 
@@ -209,6 +216,7 @@ def make_method(
     spec: SpecConfig,
     *,
     default_depth: bool = False,
+    default_budget: bool = False,
     eagle3_loader: Callable[[], tuple[Any, Any]] | None = None,
     torch_threads: int | None = None,
     draft_top_k: int | None = None,
@@ -226,6 +234,9 @@ def make_method(
         keeps the depth it comes with (EAGLE-3's head was trained for its own; the
         draft-target drafter its measured default), and a drafter
         whose maximum is lower lowers it, instead of failing.
+      default_budget: ``spec.budget`` is a default the user did not choose: a drafter named
+        in :data:`DRAFTER_BUDGETS` runs at its own budget instead (the tree size it pays most
+        at on the machines measured), the others at ``spec.budget``.
       eagle3_loader: returns the EAGLE-3 ``(drafter, params)`` (default: :func:`load_eagle3`).
       torch_threads: torch's threads for the transformers peers (``None``: torch's default;
         see :class:`~eaglepangu_jax.methods.peers.TransformersPeer`).
@@ -250,6 +261,8 @@ def make_method(
         )
     entry = name
     name, depth = split_method(entry)
+    if default_budget and name in DRAFTER_BUDGETS:
+        spec = dataclasses.replace(spec, budget=DRAFTER_BUDGETS[name])
     if depth is not None:
         spec, default_depth = dataclasses.replace(spec, depth=depth), False
     method = _make_method(
