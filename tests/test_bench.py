@@ -131,6 +131,24 @@ def test_run_bench_drops_compiled_programs_near_the_mapping_limit(
     assert report["summary"]["ngram"]["identical_fraction"] == 1.0
 
 
+def test_run_bench_records_rounds_when_asked(teacher):
+    plain = bench_run.run_bench(
+        teacher, CONVERSATIONS[:1], _methods(), ToyRenderer(), progress=False
+    )
+    assert "nodes_per_round" not in plain["turns"][0]["methods"]["ngram"]
+    report = bench_run.run_bench(
+        teacher, CONVERSATIONS[:1], _methods(), ToyRenderer(), progress=False, per_round=True
+    )
+    for record in report["turns"][0]["methods"].values():
+        accepted, nodes = record["accepted_per_round"], record["nodes_per_round"]
+        assert len(accepted) == len(nodes) == record["rounds"]
+        # Emitted tokens are accepted ones plus one bonus per round (eos or the token cap
+        # can cut the last round short).
+        assert record["new_tokens"] <= sum(accepted) + len(accepted)
+        assert record["speculated_rounds"] == sum(1 for n in nodes if n > 0)
+        assert all(0 <= a <= n for a, n in zip(accepted, nodes))
+
+
 def test_mapping_pressure_reads_this_process():
     pressure = bench_run.mapping_pressure()
     if pressure is None:

@@ -146,9 +146,13 @@ def test_children_can_enter_literal_cases():
     pool = jnp.asarray([-0.5, -0.7, -0.9, -3.0])
     # Three candidates beat the frontier's best (-1.0) strictly: no child can enter a top 3.
     assert not bool(can(jnp.asarray([-1.0, -2.0]), pool, 3))
-    # A top 4 still has room (its fourth is -3.0), and a tie with the third grows.
+    # A top 4 still has room (its fourth is -3.0). A child tying the third loses the tie to
+    # it (top_k puts the lower index, the earlier candidate, first), so a tie stops.
     assert bool(can(jnp.asarray([-1.0, -2.0]), pool, 4))
-    assert bool(can(jnp.asarray([-0.9, -2.0]), pool, 3))
+    assert not bool(can(jnp.asarray([-0.9, -2.0]), pool, 3))
+    assert bool(can(jnp.asarray([-0.8, -2.0]), pool, 3))
+    # One node: the root's best child is the frontier's best, and no child beats it.
+    assert not bool(can(pool, pool, 1))
     # Fewer candidates than the budget: always grow. NaN scores count as -inf.
     assert bool(can(jnp.asarray([-9.0]), pool[:2], 3))
     assert bool(can(jnp.asarray([-9.0]), jnp.asarray([-0.5, jnp.nan, -0.9]), 3))
@@ -193,6 +197,76 @@ def test_early_stop_drafts_the_tree_of_every_level_grown(tiny, shape):
             depths.append(int(np.asarray(full.depth)[valid].max()))
     assert min(depths) <= depth - 2, depths  # some rounds stopped early
     assert max(depths) >= 3, depths  # and some grew deep
+
+
+class EveryLevelDrafter(eagle3.Eagle3Drafter):
+    """The reference: grows every level down to ``depth``, whatever the budget."""
+
+    @property
+    def tree_levels(self) -> int:
+        return self.depth
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3])
+def test_small_trees_grow_only_the_levels_they_can_use(tiny, budget):
+    """A tree of ``budget`` nodes holds no node deeper than ``budget``: growing only those
+    levels (with and without the early stop) drafts the tree of every level grown, leaf for
+    leaf, and one node a round runs no head forward."""
+    cfg, _, head_cfg, params = tiny
+    depth, top_k = 6, 4
+    shape = dict(config=head_cfg, budget=budget, depth=depth, top_k=top_k)
+    variants = {
+        "early stop": eagle3.Eagle3Drafter(**shape),
+        "bounded": eagle3.Eagle3Drafter(**shape, early_stop=False),
+        "every level": EveryLevelDrafter(**shape, early_stop=False),
+    }
+    assert variants["bounded"].tree_levels == budget
+
+    def proposer(drafter):
+        def propose(params, ctx):
+            state = drafter.init_state(params, ctx)
+            return drafter.propose(params, state, ctx, jax.random.key(0)).tree
+
+        return jax.jit(propose)
+
+    trees = {name: proposer(d) for name, d in variants.items()}
+    depths = []
+    for sharpness in (0.1, 8.0, 40.0, 400.0):
+        for seed in range(2):
+            head = dict(params["head"])
+            noise = jax.random.normal(jax.random.key(seed), head["lm_head"].shape, jnp.float32)
+            head["lm_head"] = (head["lm_head"] + 0.05 * noise) * sharpness
+            tuned = {**params, "head": head}
+            ctx = _context(cfg, head_cfg, depth=depth)
+            ctx = dataclasses.replace(ctx, num_tokens=jnp.int32(9 + seed))
+            reference = trees["every level"](tuned, ctx)
+            for name in ("early stop", "bounded"):
+                got = trees[name](tuned, ctx)
+                for a, b in zip(
+                    jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(reference)
+                ):
+                    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+            valid = np.asarray(reference.valid)
+            assert valid.sum() == budget + 1
+            depths.append(int(np.asarray(reference.depth)[valid].max()))
+    assert max(depths) <= budget
+    if budget > 1:
+        assert max(depths) == budget, depths  # a confident head uses the deepest level
+
+    # One node a round: the candidates are the root's children, no head forward runs.
+    if budget == 1:
+        ctx = _context(cfg, head_cfg, depth=depth)
+        drafter = variants["bounded"]
+        state = drafter.init_state(params, ctx)
+        jaxpr = jax.make_jaxpr(lambda p, s: drafter.propose(p, s, ctx, jax.random.key(0)))(
+            params, state
+        )
+        assert "dot_general" in str(jaxpr)  # the root's marginals: the lm_head product
+        every = variants["every level"]
+        deep = jax.make_jaxpr(lambda p, s: every.propose(p, s, ctx, jax.random.key(0)))(
+            params, state
+        )
+        assert str(jaxpr).count("dot_general") < str(deep).count("dot_general")
 
 
 def test_calibration_times_the_drafter_with_every_level_grown(tiny, monkeypatch):

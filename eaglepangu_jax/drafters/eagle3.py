@@ -12,7 +12,10 @@ drafted token yet)::
     slot j+1   [h_j   | x_{j+2}]  -> h_{j+1}  -> predicts x_{j+3}   (draft / training-time test)
 
 **Draft time.** The drafter state keeps the head's K/V of every committed slot (teacher
-features known), so a round costs ``depth - 1`` forwards of ``top_k`` tokens. The tree is grown
+features known), so a round costs at most ``min(depth, budget) - 1`` forwards of ``top_k``
+tokens (a tree of ``budget`` nodes holds no node deeper than ``budget``: see
+:attr:`Eagle3Drafter.tree_levels`; one node a round costs no forward at all, its candidates
+are the root's children, read from the head state the last update left). The tree is grown
 EAGLE-2 style: the ``top_k`` best children of each of the ``top_k`` frontier nodes (by
 cumulative log-probability) are candidates, the ``top_k`` best candidates form the next
 frontier; finally the global best ``budget`` candidates are kept. Every candidate records its
@@ -99,21 +102,24 @@ def children_can_enter(
     frontier_score: Float[Array, " K"], pool_score: Float[Array, " P"], budget: int
 ) -> Bool[Array, ""]:
     """Whether growing the frontier's children can change a tree of the ``budget`` best
-    candidates of the pool: false once ``budget`` candidates already score above every
-    frontier node.
+    candidates of the pool: false once ``budget`` candidates already score at least as high
+    as every frontier node.
 
     A child's score is its parent's plus a log-probability, so it is never above its parent's,
-    and nothing deeper is above the frontier's best. When ``budget`` candidates already beat
-    that best strictly, no later candidate enters the top ``budget`` (ties grow: the check
-    never changes which candidates are chosen). A pool with fewer than ``budget`` finite
-    scores always grows. NaN scores count as ``-inf``, as in the tree selection.
+    and nothing deeper is above the frontier's best. The tree takes the ``budget`` best with
+    ``lax.top_k``, which puts the lower index first among equal scores, and children join the
+    pool after every candidate already in it: a child that only ties the ``budget``-th best
+    is not chosen either. So when ``budget`` candidates score at least the frontier's best, no
+    later candidate enters the top ``budget`` (the check never changes which candidates are
+    chosen). A pool with fewer than ``budget`` scores always grows. NaN scores count as
+    ``-inf``, as in the tree selection.
     """
     pool = jnp.where(jnp.isnan(pool_score), -jnp.inf, pool_score)
     if pool.shape[0] < budget:
         return jnp.asarray(True)
     threshold = jax.lax.top_k(pool, budget)[0][budget - 1]
     best = jnp.max(jnp.where(jnp.isnan(frontier_score), -jnp.inf, frontier_score))
-    return ~(best < threshold)
+    return best > threshold
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -127,10 +133,15 @@ class Eagle3Drafter(FeatureHeadDrafter):
       top_k: children per expanded node and frontier width ``K``.
       early_stop: grow a level only while one of its nodes could enter the final tree
         (:func:`children_can_enter`); the tree is the same either way, and ``False`` (every
-        level grown, the cost of the deepest tree every round) is kept for comparison.
+        level up to :attr:`tree_levels` grown, the cost of the deepest tree every round) is
+        kept for comparison.
     """
 
     name: ClassVar[str] = "eagle3"
+    # Raised when the same tree's drafting cost changes (1: no level below tree_levels is
+    # grown), so a calibration's cost measured before is not read but measured again
+    # (:func:`eaglepangu_jax.calibration.curve.draft_cost_key`).
+    cost_revision: ClassVar[int] = 1
 
     config: Eagle3Config
     budget: int = 16
@@ -146,6 +157,19 @@ class Eagle3Drafter(FeatureHeadDrafter):
             raise ValueError(
                 f"top_k {self.top_k} exceeds the draft vocabulary {self.config.draft_vocab_size}"
             )
+
+    @property
+    def tree_levels(self) -> int:
+        """The deepest tree level a round can use: ``min(depth, budget)``.
+
+        The tree keeps the ``budget`` best candidates, and a node is chosen only with its
+        parent (the parent scores at least as high and comes first in the pool, and
+        ``lax.top_k`` puts the lower index first among equal scores), so a chosen node at
+        depth ``d`` brings ``d - 1`` chosen ancestors: no node below depth ``budget`` is ever
+        chosen, and the levels below it are not grown (static: one node a round drafts with
+        no head forward).
+        """
+        return min(self.depth, self.budget)
 
     def init_state(self, params: Any, context: DraftContext) -> Eagle3State:
         """Empty cache, then the prompt positions whose features the engine handed over."""
@@ -271,7 +295,7 @@ class Eagle3Drafter(FeatureHeadDrafter):
             return carry, empty, jnp.zeros((kk * kk,), jnp.int32)
 
         offset = kk
-        for d in range(1, depth):
+        for d in range(1, self.tree_levels):
             parent = jnp.repeat(frontier.index + 1, kk)  # pool index + 1; 0 = root
             if self.early_stop:
                 pool = jnp.concatenate(pool_score)

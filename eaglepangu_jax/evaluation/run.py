@@ -169,8 +169,16 @@ def near_tie_gaps(
 # ----------------------------------------------------------------------------- the run
 
 
-def _turn_record(result: GenerationResult, compile_seconds: float) -> dict[str, Any]:
+def _turn_record(
+    result: GenerationResult, compile_seconds: float, per_round: bool = False
+) -> dict[str, Any]:
     stats = result.stats
+    rounds = {}
+    if per_round:  # what the controller chose and what it got, round by round
+        rounds = {
+            "accepted_per_round": list(stats.accepted_per_round),
+            "nodes_per_round": list(stats.nodes_per_round),
+        }
     return {
         "new_tokens": stats.new_tokens,
         "seconds": stats.seconds,
@@ -181,6 +189,7 @@ def _turn_record(result: GenerationResult, compile_seconds: float) -> dict[str, 
         "accepted_length": stats.accepted_length,
         "prefill_seconds": stats.prefill_seconds,
         "compile_seconds": compile_seconds,
+        **rounds,
     }
 
 
@@ -212,6 +221,7 @@ def run_bench(
     renderer: Renderer,
     *,
     progress: bool = True,
+    per_round: bool = False,
 ) -> dict[str, Any]:
     """Run every method on every turn, interleaved per turn, greedy first.
 
@@ -221,6 +231,8 @@ def run_bench(
       methods: greedy first (see :func:`parse_methods`, :func:`make_method`).
       renderer: prompt encoding and answer decoding.
       progress: show a progress bar (stderr) with the running accepted lengths.
+      per_round: also record each turn's accepted draft tokens and verified nodes per round
+        (``accepted_per_round``, ``nodes_per_round``; a plain round verified 0 nodes).
 
     Returns:
       The report: ``methods`` (settings), ``warmup_seconds`` (wall, one generation
@@ -259,7 +271,9 @@ def run_bench(
                     jax.clear_caches()
                     cache_clears.append(len(turns))
                 history.append({"role": "user", "content": text})
-                record, greedy_tokens = _run_turn(teacher, methods, renderer.encode(history))
+                record, greedy_tokens = _run_turn(
+                    teacher, methods, renderer.encode(history), per_round
+                )
                 record = {
                     "conversation_id": conversation.id,
                     "category": conversation.category,
@@ -280,13 +294,13 @@ def run_bench(
 
 
 def _run_turn(
-    teacher: Teacher, methods: Sequence[Method], prompt_ids: list[int]
+    teacher: Teacher, methods: Sequence[Method], prompt_ids: list[int], per_round: bool = False
 ) -> tuple[dict[str, Any], list[int]]:
     results, records = {}, {}
     for method in methods:
         result, compile_seconds = run_method(teacher, method, prompt_ids)
         results[method.name] = result
-        records[method.name] = _turn_record(result, compile_seconds)
+        records[method.name] = _turn_record(result, compile_seconds, per_round)
         if method.correction is not None:
             # The controller's cost scales after this turn: how they move turn by turn is
             # what explains a method that starts drafting in every round (docs/RESULTS.md).

@@ -1,0 +1,130 @@
+"""The EAGLE-3 head at small budgets, every round drafted and under the controller, side by
+side with greedy (all interleaved per turn on the same prompts), with each turn's rounds
+recorded: how many nodes each round verified and how many of them were accepted. ::
+
+    PYTHONPATH=. python3 bench/eagle3_budgets.py --budgets 1,3 --json eagle3_budgets.json
+
+Methods are named ``eagle3 b=N best_first`` (N nodes every round) and ``eagle3 b=N auto``
+(the controller, N its ceiling); each controlled method learns its own cost correction and
+the calibration times each budget's drafting apart. The JSON is the bench report (turns
+with ``accepted_per_round`` and ``nodes_per_round``) with an ``eagle3_budgets`` entry: per
+method, the rounds, the share that verified nodes, accepted tokens per verifying round and
+how many rounds verified 0, 1, 2, ... nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+POLICIES = ("best_first", "auto")
+
+
+def budget_list(text: str) -> list[int]:
+    """``"1,3"`` -> ``[1, 3]``: distinct node budgets >= 1."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"budgets must be integers, got {text!r}") from None
+    if any(v < 1 for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"budgets must be distinct and >= 1, got {text!r}")
+    return values
+
+
+def round_summary(turns: list[dict], name: str) -> dict:
+    """Pooled over ``turns``: rounds, the share that verified nodes, accepted draft tokens
+    per verifying round, and the count of rounds by nodes verified."""
+    accepted, nodes = [], []
+    for turn in turns:
+        record = turn["methods"][name]
+        accepted += record["accepted_per_round"]
+        nodes += record["nodes_per_round"]
+    verifying = [a for a, n in zip(accepted, nodes) if n > 0]
+    histogram = [0] * (max(nodes, default=0) + 1)
+    for n in nodes:
+        histogram[n] += 1
+    return {
+        "rounds": len(nodes),
+        "verifying_share": len(verifying) / len(nodes) if nodes else 0.0,
+        "accepted_per_verifying_round": sum(verifying) / len(verifying) if verifying else 0.0,
+        "rounds_by_nodes": histogram,
+    }
+
+
+def main(argv=None, *, teacher=None, renderer=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", default="dev")
+    p.add_argument(
+        "--per-category", type=int, default=0, help="conversations per category (0: all)"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--budgets", type=budget_list, default=[1, 2, 3])
+    p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated, from {', '.join(POLICIES)}",
+    )
+    p.add_argument("--json", required=True, help="the report to write")
+    args = p.parse_args(argv)
+    policies = args.policies.split(",")
+    if (
+        not policies
+        or any(x not in POLICIES for x in policies)
+        or len(set(policies)) < len(policies)
+    ):
+        p.error(f"--policies: distinct names from {', '.join(POLICIES)}, got {args.policies!r}")
+    if args.per_category < 0:
+        p.error("--per-category must be >= 0 (0: every conversation)")
+    if args.max_new_tokens < 1:
+        p.error("--max-new-tokens must be >= 1")
+
+    from eaglepangu_jax import runtime
+    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
+    from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.evaluation.report import format_summary, write_report
+    from eaglepangu_jax.evaluation.run import run_bench
+    from eaglepangu_jax.evaluation.suites import load_suite, per_category
+    from eaglepangu_jax.methods.registry import DEFAULT_DEPTH, REFERENCE, make_method
+
+    if teacher is None:
+        runtime.enable_compile_cache(None)
+        teacher = runtime.load_teacher()
+    renderer = renderer if renderer is not None else runtime.load_renderer()
+    methods = [
+        make_method(
+            REFERENCE,
+            SpecConfig(budget=1, depth=DEFAULT_DEPTH, max_new_tokens=args.max_new_tokens),
+        )
+    ]
+    for budget in args.budgets:
+        for policy in policies:
+            spec = SpecConfig(
+                budget=budget,
+                depth=DEFAULT_DEPTH,
+                max_new_tokens=args.max_new_tokens,
+                policy=policy,
+            )
+            method = make_method("eagle3", spec, default_depth=True)
+            methods.append(dataclasses.replace(method, name=f"eagle3 b={budget} {policy}"))
+    ensure_calibration(teacher, controlled_methods(methods))
+    conversations = load_suite(args.suite)
+    if args.per_category:
+        conversations = per_category(conversations, args.per_category)
+    report = run_bench(teacher, conversations, methods, renderer, per_round=True)
+    report["eagle3_budgets"] = {
+        "suite": args.suite,
+        "per_category": args.per_category,
+        "rounds": {m.name: round_summary(report["turns"], m.name) for m in methods[1:]},
+    }
+    write_report(args.json, report)
+    print(format_summary(report))
+    for name, rounds in report["eagle3_budgets"]["rounds"].items():
+        print(
+            f"{name}: {rounds['verifying_share']:.0%} of {rounds['rounds']} rounds verifying, "
+            f"{rounds['accepted_per_verifying_round']:.2f} accepted per verifying round"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

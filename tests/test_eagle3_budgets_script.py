@@ -1,0 +1,62 @@
+"""``bench/eagle3_budgets.py``: the EAGLE-3 head at small budgets, every round drafted and
+under the controller, with each turn's rounds recorded; bad settings are refused before
+anything loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import load_bench_script
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_bench_script("eagle3_budgets")
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--per-category", "-1"], "--per-category"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--budgets", "0,2"], "--budgets"),
+        (["--budgets", "2,2"], "--budgets"),
+        (["--budgets", "two"], "--budgets"),
+        (["--policies", "drafter"], "--policies"),
+        (["--policies", "auto,auto"], "--policies"),
+    ],
+)
+def test_bad_settings_are_refused(script, tmp_path, capsys, argv, needle):
+    with pytest.raises(SystemExit) as exc:
+        script.main([*argv, "--json", str(tmp_path / "r.json")])
+    assert exc.value.code == 2 and needle in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_round_summary_pools_the_turns(script):
+    turns = [
+        {"methods": {"m": {"accepted_per_round": [0, 2, 0], "nodes_per_round": [0, 3, 1]}}},
+        {"methods": {"m": {"accepted_per_round": [1], "nodes_per_round": [3]}}},
+    ]
+    summary = script.round_summary(turns, "m")
+    assert summary["rounds"] == 4
+    assert summary["verifying_share"] == 0.75
+    assert summary["accepted_per_verifying_round"] == 1.0  # (2 + 0 + 1) / 3
+    assert summary["rounds_by_nodes"] == [1, 1, 0, 2]
+
+
+@pytest.mark.slow  # the real teacher, greedy and the shipped head under both policies
+def test_one_turn_at_one_budget_stays_identical(script, tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["--suite", "humaneval", "--per-category", "1", "--max-new-tokens", "12"]
+    assert script.main([*argv, "--budgets", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    summary = report["summary"]
+    assert set(summary) == {"greedy", "eagle3 b=1 best_first", "eagle3 b=1 auto"}
+    assert all(s["identical_fraction"] == 1.0 for s in summary.values())
+    every = report["eagle3_budgets"]["rounds"]["eagle3 b=1 best_first"]
+    assert every["verifying_share"] == 1.0 and set(every["rounds_by_nodes"][:1]) == {0}
+    assert len(every["rounds_by_nodes"]) == 2  # one node at most
+    turn = report["turns"][0]["methods"]["eagle3 b=1 auto"]
+    assert len(turn["accepted_per_round"]) == turn["rounds"]
