@@ -67,11 +67,7 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
     policies = args.policies.split(",")
-    if (
-        not policies
-        or any(x not in POLICIES for x in policies)
-        or len(set(policies)) < len(policies)
-    ):
+    if any(x not in POLICIES for x in policies) or len(set(policies)) < len(policies):
         p.error(f"--policies: distinct names from {', '.join(POLICIES)}, got {args.policies!r}")
     if args.per_category < 0:
         p.error("--per-category must be >= 0 (0: every conversation)")

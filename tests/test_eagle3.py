@@ -159,6 +159,30 @@ def test_children_can_enter_literal_cases():
     assert not bool(can(jnp.asarray([jnp.nan, -jnp.inf]), pool, 2))
 
 
+def _jit_propose(drafter):
+    """The drafter's tree for ``(params, context)``, from a fresh state, jitted."""
+
+    def propose(params, ctx):
+        state = drafter.init_state(params, ctx)
+        return drafter.propose(params, state, ctx, jax.random.key(0)).tree
+
+    return jax.jit(propose)
+
+
+def _sharpened(params, seed, sharpness):
+    """``params`` whose head output is perturbed by ``seed`` and scaled by ``sharpness``
+    (0.1: a flat head, 40: a confident one)."""
+    head = dict(params["head"])
+    noise = jax.random.normal(jax.random.key(seed), head["lm_head"].shape, jnp.float32)
+    head["lm_head"] = (head["lm_head"] + 0.05 * noise) * sharpness
+    return {**params, "head": head}
+
+
+def _assert_same_tree(got, want, what=""):
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=what)
+
+
 # (budget, depth, top_k): the shipped shape, a narrow frontier, a budget the pool barely holds.
 @pytest.mark.parametrize("shape", [(8, 6, 4), (3, 5, 2), (10, 4, 3)])
 def test_early_stop_drafts_the_tree_of_every_level_grown(tiny, shape):
@@ -167,31 +191,24 @@ def test_early_stop_drafts_the_tree_of_every_level_grown(tiny, shape):
     ones, which is what stops the growth), so both kinds of round are checked."""
     cfg, _, head_cfg, params = tiny
     budget, depth, top_k = shape
-    trees = {}
-    for early_stop in (True, False):
-        drafter = eagle3.Eagle3Drafter(
-            config=head_cfg, budget=budget, depth=depth, top_k=top_k, early_stop=early_stop
+    trees = {
+        early_stop: _jit_propose(
+            eagle3.Eagle3Drafter(
+                config=head_cfg, budget=budget, depth=depth, top_k=top_k, early_stop=early_stop
+            )
         )
-
-        def propose(params, ctx, drafter=drafter):
-            state = drafter.init_state(params, ctx)
-            return drafter.propose(params, state, ctx, jax.random.key(0)).tree
-
-        trees[early_stop] = jax.jit(propose)
+        for early_stop in (True, False)
+    }
     depths = []
     for sharpness in (0.1, 1.0, 8.0, 40.0):
         for seed in range(3):
-            head = dict(params["head"])
-            noise = jax.random.normal(jax.random.key(seed), head["lm_head"].shape, jnp.float32)
-            head["lm_head"] = (head["lm_head"] + 0.05 * noise) * sharpness
-            tuned = {**params, "head": head}
+            tuned = _sharpened(params, seed, sharpness)
             ctx = _context(cfg, head_cfg, depth=depth)
             ctx = dataclasses.replace(
                 ctx, features=ctx.features * (1.0 + seed), num_tokens=jnp.int32(9 + seed)
             )
-            stopped, full = trees[True](tuned, ctx), trees[False](tuned, ctx)
-            for a, b in zip(jax.tree_util.tree_leaves(stopped), jax.tree_util.tree_leaves(full)):
-                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            full = trees[False](tuned, ctx)
+            _assert_same_tree(trees[True](tuned, ctx), full)
             assert bool(tree_lib.is_valid(full))
             valid = np.asarray(full.valid)
             depths.append(int(np.asarray(full.depth)[valid].max()))
@@ -222,30 +239,16 @@ def test_small_trees_grow_only_the_levels_they_can_use(tiny, budget):
     }
     assert variants["bounded"].tree_levels == budget
 
-    def proposer(drafter):
-        def propose(params, ctx):
-            state = drafter.init_state(params, ctx)
-            return drafter.propose(params, state, ctx, jax.random.key(0)).tree
-
-        return jax.jit(propose)
-
-    trees = {name: proposer(d) for name, d in variants.items()}
+    trees = {name: _jit_propose(d) for name, d in variants.items()}
     depths = []
     for sharpness in (0.1, 8.0, 40.0, 400.0):
         for seed in range(2):
-            head = dict(params["head"])
-            noise = jax.random.normal(jax.random.key(seed), head["lm_head"].shape, jnp.float32)
-            head["lm_head"] = (head["lm_head"] + 0.05 * noise) * sharpness
-            tuned = {**params, "head": head}
+            tuned = _sharpened(params, seed, sharpness)
             ctx = _context(cfg, head_cfg, depth=depth)
             ctx = dataclasses.replace(ctx, num_tokens=jnp.int32(9 + seed))
             reference = trees["every level"](tuned, ctx)
             for name in ("early stop", "bounded"):
-                got = trees[name](tuned, ctx)
-                for a, b in zip(
-                    jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(reference)
-                ):
-                    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+                _assert_same_tree(trees[name](tuned, ctx), reference, name)
             valid = np.asarray(reference.valid)
             assert valid.sum() == budget + 1
             depths.append(int(np.asarray(reference.depth)[valid].max()))

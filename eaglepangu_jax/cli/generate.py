@@ -105,7 +105,9 @@ def run(parser, args, teacher=None, renderer=None) -> int:
             )
         except (ValueError, DrafterUnavailableError) as err:
             args_lib.note(f"drafter: ngram (eagle3 unavailable: {err})")
-            method = args_lib.method_of(parser, "ngram", spec, default)
+            method = args_lib.method_of(
+                parser, "ngram", spec, default, default_budget=default_budget
+            )
         else:
             args_lib.note("drafter: eagle3 (shipped weights)")
     else:
