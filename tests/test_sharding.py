@@ -67,7 +67,10 @@ def report():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(
         os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        # The suite's compiler flags (tests/conftest.py) kept, four host devices added.
+        XLA_FLAGS=(
+            os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+        ).strip(),
         JAX_PLATFORMS="cpu",
         PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
