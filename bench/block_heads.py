@@ -29,6 +29,8 @@ import dataclasses
 import hashlib
 import json
 
+from eaglepangu_jax.cli import side_by_side
+
 
 def method_name(index: int, config, policy: str) -> str:
     """``block#I``; under the controller also the head's shape, ``block#I-<8 hex>``.
@@ -44,11 +46,9 @@ def method_name(index: int, config, policy: str) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", default="mtbench-humaneval")
-    p.add_argument(
-        "--per-category", type=int, default=1, help="conversations per category (0: all)"
+    side_by_side.add_suite_arguments(
+        p, per_category=1, suite="mtbench-humaneval", max_new_tokens=128
     )
-    p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--budget", type=int, default=8, help="tree nodes per round")
     p.add_argument("--policy", default="best_first", help="tree policy (see eaglepangu bench)")
     p.add_argument(
@@ -57,26 +57,18 @@ def main(argv=None) -> int:
         required=True,
         help="a block drafter export or checkpoint (repeatable)",
     )
-    p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
-    if args.per_category < 0:
-        p.error("--per-category must be >= 0 (0: every conversation)")
-    if args.max_new_tokens < 1 or args.budget < 1:
-        p.error("--max-new-tokens and --budget must be >= 1")
+    side_by_side.check_suite_arguments(p, args)
+    if args.budget < 1:
+        p.error("--budget must be >= 1")
 
-    from eaglepangu_jax import runtime
-    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
     from eaglepangu_jax.drafters import block
     from eaglepangu_jax.drafters.checkpoint import load_checkpoint
     from eaglepangu_jax.engine.config import SpecConfig
-    from eaglepangu_jax.evaluation.report import format_summary, write_report
-    from eaglepangu_jax.evaluation.run import run_bench
-    from eaglepangu_jax.evaluation.suites import load_suite, per_category
     from eaglepangu_jax.methods.registry import make_method
     from eaglepangu_jax.models.smollm2 import teacher_fingerprint
 
-    teacher = runtime.load_teacher()
-    renderer = runtime.load_renderer()
+    teacher = side_by_side.real_teacher()
     spec = SpecConfig(policy=args.policy, budget=args.budget, max_new_tokens=args.max_new_tokens)
     shipped = make_method("block", spec)
     methods = [make_method("greedy", spec), shipped]
@@ -110,19 +102,10 @@ def main(argv=None) -> int:
                 draft_params=params,
             )
         )
-    if args.policy == "auto":  # the controller reads each drafter's cost per round
-        ensure_calibration(teacher, controlled_methods(methods))
-    conversations = load_suite(args.suite)
-    if args.per_category:
-        conversations = per_category(conversations, args.per_category)
-    report = run_bench(teacher, conversations, methods, renderer)
-    report["block_heads"] = {
-        "suite": args.suite,
-        "per_category": args.per_category,
-        "checkpoints": args.checkpoint,
-    }
-    write_report(args.json, report)
-    print(format_summary(report))
+    # Under "auto" the calibration times each head's drafting (the controller reads it).
+    side_by_side.run_and_report(
+        teacher, methods, args, "block_heads", {"checkpoints": args.checkpoint}
+    )
     return 0
 
 

@@ -1,21 +1,25 @@
-"""The EAGLE-3 head at small budgets, every round drafted and under the controller, side by
-side with greedy (all interleaved per turn on the same prompts), with each turn's rounds
-recorded: how many nodes each round verified and how many of them were accepted. ::
+"""The EAGLE-3 head (or another drafter, ``--drafter``) at small budgets, every round drafted
+and under the controller, side by side with greedy (all interleaved per turn on the same
+prompts), with each turn's rounds recorded: how many nodes each round verified and how many
+of them were accepted. ::
 
     PYTHONPATH=. python3 bench/eagle3_budgets.py --budgets 1,3 --json eagle3_budgets.json
+    PYTHONPATH=. python3 bench/eagle3_budgets.py --drafter block --budgets 1,2,4 --json b.json
 
-Methods are named ``eagle3 b=N best_first`` (N nodes every round) and ``eagle3 b=N auto``
-(the controller, N its ceiling); each controlled method learns its own cost correction and
-the calibration times each budget's drafting apart. The JSON is the bench report (turns
-with ``accepted_per_round`` and ``nodes_per_round``) with an ``eagle3_budgets`` entry: per
-method, the rounds, the share that verified nodes, accepted tokens per verifying round and
-how many rounds verified 0, 1, 2, ... nodes.
+Methods are named ``D b=N best_first`` (N nodes every round) and ``D b=N auto`` (the
+controller, N its ceiling), ``D`` the drafter; each controlled method learns its own cost
+correction and the calibration times each budget's drafting apart. The JSON is the bench
+report (turns with ``accepted_per_round`` and ``nodes_per_round``) with an
+``eagle3_budgets`` entry: the drafter and, per method, the rounds, the share that verified
+nodes, accepted tokens per verifying round and how many rounds verified 0, 1, 2, ... nodes.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+
+from eaglepangu_jax.cli import side_by_side
 
 POLICIES = ("best_first", "auto")
 
@@ -53,39 +57,37 @@ def round_summary(turns: list[dict], name: str) -> dict:
 
 def main(argv=None, *, teacher=None, renderer=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", default="dev")
-    p.add_argument(
-        "--per-category", type=int, default=0, help="conversations per category (0: all)"
-    )
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    side_by_side.add_suite_arguments(p, per_category=0)
+    p.add_argument("--drafter", default="eagle3", help="an engine drafter (see eaglepangu bench)")
     p.add_argument("--budgets", type=budget_list, default=[1, 2, 3])
     p.add_argument(
         "--policies",
         default=",".join(POLICIES),
         help=f"comma-separated, from {', '.join(POLICIES)}",
     )
-    p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
     policies = args.policies.split(",")
     if any(x not in POLICIES for x in policies) or len(set(policies)) < len(policies):
         p.error(f"--policies: distinct names from {', '.join(POLICIES)}, got {args.policies!r}")
-    if args.per_category < 0:
-        p.error("--per-category must be >= 0 (0: every conversation)")
-    if args.max_new_tokens < 1:
-        p.error("--max-new-tokens must be >= 1")
+    side_by_side.check_suite_arguments(p, args)
 
-    from eaglepangu_jax import runtime
-    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
     from eaglepangu_jax.engine.config import SpecConfig
-    from eaglepangu_jax.evaluation.report import format_summary, write_report
-    from eaglepangu_jax.evaluation.run import run_bench
-    from eaglepangu_jax.evaluation.suites import load_suite, per_category
-    from eaglepangu_jax.methods.registry import DEFAULT_DEPTH, REFERENCE, make_method
+    from eaglepangu_jax.methods.registry import (
+        DEFAULT_DEPTH,
+        REFERENCE,
+        engine_drafters,
+        make_method,
+    )
 
-    if teacher is None:
-        runtime.enable_compile_cache(None)
-        teacher = runtime.load_teacher()
-    renderer = renderer if renderer is not None else runtime.load_renderer()
+    try:
+        drafters = engine_drafters(args.drafter)
+    except ValueError as err:
+        p.error(f"--drafter: {err}")
+    if len(drafters) != 1:
+        p.error(f"--drafter: one engine drafter, got {args.drafter!r}")
+    (drafter,) = drafters
+
+    teacher = side_by_side.real_teacher(teacher)
     methods = [
         make_method(
             REFERENCE,
@@ -100,20 +102,20 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
                 max_new_tokens=args.max_new_tokens,
                 policy=policy,
             )
-            method = make_method("eagle3", spec, default_depth=True)
-            methods.append(dataclasses.replace(method, name=f"eagle3 b={budget} {policy}"))
-    ensure_calibration(teacher, controlled_methods(methods))
-    conversations = load_suite(args.suite)
-    if args.per_category:
-        conversations = per_category(conversations, args.per_category)
-    report = run_bench(teacher, conversations, methods, renderer, per_round=True)
-    report["eagle3_budgets"] = {
-        "suite": args.suite,
-        "per_category": args.per_category,
-        "rounds": {m.name: round_summary(report["turns"], m.name) for m in methods[1:]},
-    }
-    write_report(args.json, report)
-    print(format_summary(report))
+            method = make_method(drafter, spec, default_depth=True)
+            methods.append(dataclasses.replace(method, name=f"{drafter} b={budget} {policy}"))
+    report = side_by_side.run_and_report(
+        teacher,
+        methods,
+        args,
+        "eagle3_budgets",
+        lambda report: {
+            "drafter": drafter,
+            "rounds": {m.name: round_summary(report["turns"], m.name) for m in methods[1:]},
+        },
+        renderer=renderer,
+        per_round=True,
+    )
     for name, rounds in report["eagle3_budgets"]["rounds"].items():
         print(
             f"{name}: {rounds['verifying_share']:.0%} of {rounds['rounds']} rounds verifying, "

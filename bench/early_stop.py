@@ -18,31 +18,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from eaglepangu_jax.cli import side_by_side
+
 POLICIES = ("auto", "best_first")
 
 
 def main(argv=None, *, teacher=None, renderer=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", default="dev")
-    p.add_argument(
-        "--per-category", type=int, default=2, help="conversations per category (0: all)"
-    )
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    side_by_side.add_suite_arguments(p, per_category=2)
     p.add_argument("--policy", default="auto", choices=POLICIES)
-    p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
-    if args.per_category < 0:
-        p.error("--per-category must be >= 0 (0: every conversation)")
-    if args.max_new_tokens < 1:
-        p.error("--max-new-tokens must be >= 1")
+    side_by_side.check_suite_arguments(p, args)
 
-    from eaglepangu_jax import runtime
-    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
     from eaglepangu_jax.engine.config import SpecConfig
     from eaglepangu_jax.engine.drafter import costliest
-    from eaglepangu_jax.evaluation.report import format_summary, write_report
-    from eaglepangu_jax.evaluation.run import run_bench
-    from eaglepangu_jax.evaluation.suites import load_suite, per_category
     from eaglepangu_jax.methods.registry import (
         DEFAULT_BUDGET,
         DEFAULT_DEPTH,
@@ -50,10 +39,7 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         make_method,
     )
 
-    if teacher is None:
-        runtime.enable_compile_cache(None)
-        teacher = runtime.load_teacher()
-    renderer = renderer if renderer is not None else runtime.load_renderer()
+    teacher = side_by_side.real_teacher(teacher)
     # The tree settings of `eaglepangu bench` with none given.
     spec = SpecConfig(
         budget=DEFAULT_BUDGET,
@@ -69,19 +55,14 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         correction=None,  # its own, made fresh
     )
     methods = [make_method(REFERENCE, spec), shipped, every_level]
-    ensure_calibration(teacher, controlled_methods(methods))
-    conversations = load_suite(args.suite)
-    if args.per_category:
-        conversations = per_category(conversations, args.per_category)
-    report = run_bench(teacher, conversations, methods, renderer)
-    report["early_stop"] = {
-        "suite": args.suite,
-        "per_category": args.per_category,
-        "policy": args.policy,
-        "compared": [shipped.name, every_level.name],
-    }
-    write_report(args.json, report)
-    print(format_summary(report))
+    side_by_side.run_and_report(
+        teacher,
+        methods,
+        args,
+        "early_stop",
+        {"policy": args.policy, "compared": [shipped.name, every_level.name]},
+        renderer=renderer,
+    )
     return 0
 
 

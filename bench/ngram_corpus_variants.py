@@ -20,6 +20,8 @@ import argparse
 import dataclasses
 import json
 
+from eaglepangu_jax.cli import side_by_side
+
 
 def parse_floats(text: str) -> list[float]:
     values = [float(v) for v in text.split(",") if v.strip()]
@@ -37,11 +39,7 @@ def parse_counts(text: str) -> list[int]:
 
 def main(argv=None, *, teacher=None, renderer=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", default="dev")
-    p.add_argument(
-        "--per-category", type=int, default=2, help="conversations per category (0: all)"
-    )
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    side_by_side.add_suite_arguments(p, per_category=2)
     p.add_argument("--budget", type=int, default=8, help="tree nodes per round (ceiling)")
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--weights", type=parse_floats, default=[1.0], help="corpus_weight values")
@@ -59,19 +57,14 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         action="store_true",
         help="also run each extra table without its redundant rows (named ...,pruned)",
     )
-    p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
+    side_by_side.check_suite_arguments(p, args)
 
     from importlib import resources
 
-    from eaglepangu_jax import runtime
-    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
     from eaglepangu_jax.cli.ngram_table import DEFAULT_CORPORA
     from eaglepangu_jax.drafters import ngram_table
     from eaglepangu_jax.engine.config import SpecConfig
-    from eaglepangu_jax.evaluation import suites
-    from eaglepangu_jax.evaluation.report import format_summary, write_report
-    from eaglepangu_jax.evaluation.run import run_bench
     from eaglepangu_jax.methods.registry import make_method
     from eaglepangu_jax.models.smollm2 import teacher_fingerprint
     from eaglepangu_jax.training.ngram_counts import training_answers
@@ -103,24 +96,20 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
                 methods.append(
                     dataclasses.replace(base, name=f"ngram-corpus:{name}", draft_params=table)
                 )
-    conversations = suites.load_suite(args.suite)
-    if args.per_category:
-        conversations = suites.per_category(conversations, args.per_category)
-    if teacher is None:
-        teacher = runtime.load_teacher()
-        ensure_calibration(teacher, controlled_methods(methods), progress=False)
-    renderer = renderer if renderer is not None else runtime.load_renderer()
-    report = run_bench(teacher, conversations, methods, renderer, progress=False)
-    report["ngram_corpus_variants"] = {
-        "weights": args.weights,
-        "min_counts": args.min_counts,
-        "max_orders": args.max_orders,
-        "prune": args.prune,
-        "suite": args.suite,
-        "per_category": args.per_category,
-    }
-    write_report(args.json, report)
-    print(format_summary(report))
+    side_by_side.run_and_report(
+        side_by_side.real_teacher(teacher),
+        methods,
+        args,
+        "ngram_corpus_variants",
+        {
+            "weights": args.weights,
+            "min_counts": args.min_counts,
+            "max_orders": args.max_orders,
+            "prune": args.prune,
+        },
+        renderer=renderer,
+        progress=False,
+    )
     print(json.dumps({"report": args.json}))
     return 0
 

@@ -18,24 +18,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from eaglepangu_jax.cli import side_by_side
+
 
 def main(argv=None, *, teacher=None, renderer=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", default="dev")
-    p.add_argument(
-        "--per-category", type=int, default=2, help="conversations per category (0: all)"
-    )
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    side_by_side.add_suite_arguments(p, per_category=2)
     p.add_argument("--methods", default="ngram,ngram-corpus", help="drafters, comma-separated")
     p.add_argument(
         "--sizes", default="1,4", help="the compared variant's slot buckets (below the tree)"
     )
-    p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
-    if args.per_category < 0:
-        p.error("--per-category must be >= 0 (0: every conversation)")
-    if args.max_new_tokens < 1:
-        p.error("--max-new-tokens must be >= 1")
+    side_by_side.check_suite_arguments(p, args)
     try:
         sizes = tuple(int(s) for s in args.sizes.split(","))
     except ValueError:
@@ -60,16 +54,7 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     except ValueError as err:
         p.error(str(err))
 
-    from eaglepangu_jax import runtime
-    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
-    from eaglepangu_jax.evaluation.report import format_summary, write_report
-    from eaglepangu_jax.evaluation.run import run_bench
-    from eaglepangu_jax.evaluation.suites import load_suite, per_category
-
-    if teacher is None:
-        runtime.enable_compile_cache(None)
-        teacher = runtime.load_teacher()
-    renderer = renderer if renderer is not None else runtime.load_renderer()
+    teacher = side_by_side.real_teacher(teacher)
     suffix = "/" + "-".join(str(s) for s in sizes)
     methods = [make_method(REFERENCE, spec)]
     for name in names:
@@ -83,20 +68,18 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
                 correction=None,  # its own, made fresh
             ),
         ]
-    ensure_calibration(teacher, controlled_methods(methods))
-    conversations = load_suite(args.suite)
-    if args.per_category:
-        conversations = per_category(conversations, args.per_category)
-    report = run_bench(teacher, conversations, methods, renderer)
-    report["slot_buckets"] = {
-        "suite": args.suite,
-        "per_category": args.per_category,
-        "default": names,
-        "compared_sizes": list(sizes),
-        "compared": [n + suffix for n in names],
-    }
-    write_report(args.json, report)
-    print(format_summary(report))
+    side_by_side.run_and_report(
+        teacher,
+        methods,
+        args,
+        "slot_buckets",
+        {
+            "default": names,
+            "compared_sizes": list(sizes),
+            "compared": [n + suffix for n in names],
+        },
+        renderer=renderer,
+    )
     return 0
 
 

@@ -30,6 +30,8 @@ import argparse
 import dataclasses
 from typing import Any, Sequence
 
+from eaglepangu_jax.cli import side_by_side
+
 PLAIN_SUFFIX = "/in-out"
 
 
@@ -54,11 +56,7 @@ class PlainLayoutRunner:
 
 def main(argv=None, *, teacher=None, renderer=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", default="dev")
-    p.add_argument(
-        "--per-category", type=int, default=2, help="conversations per category (0: all)"
-    )
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    side_by_side.add_suite_arguments(p, per_category=2)
     p.add_argument("--methods", default="ngram,ngram-corpus", help="drafters, comma-separated")
     p.add_argument(
         "--verify-slots",
@@ -67,7 +65,6 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     )
     p.add_argument("--context", type=int, default=200, help="committed tokens (verify timing)")
     p.add_argument("--repeats", type=int, default=15, help="timed passes (verify timing)")
-    p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
     slots = None
     if args.verify_slots is not None:
@@ -77,10 +74,7 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
             p.error(f"--verify-slots must be comma-separated integers, got {args.verify_slots!r}")
         if not slots or min(slots) < 1 or args.context < 0 or args.repeats < 1:
             p.error("--verify-slots must be >= 1 each, --context >= 0, --repeats >= 1")
-    if args.per_category < 0:
-        p.error("--per-category must be >= 0 (0: every conversation)")
-    if args.max_new_tokens < 1:
-        p.error("--max-new-tokens must be >= 1")
+    side_by_side.check_suite_arguments(p, args)
 
     from eaglepangu_jax.methods.registry import REFERENCE, engine_drafters
 
@@ -89,27 +83,17 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     except ValueError as err:
         p.error(str(err))
 
-    from eaglepangu_jax import runtime
     from eaglepangu_jax.engine.decode import Teacher
 
-    if teacher is None:
-        # Long prompts (MT-Bench's extraction turns) need caches of new shapes, compiled
-        # per method and layout: from the compile cache, a rerun reads them back.
-        runtime.enable_compile_cache(None)
-        teacher = runtime.load_teacher()
+    teacher = side_by_side.real_teacher(teacher)
     # The same [in, out] arrays: only the copies are left out, nothing is duplicated.
     plain = Teacher(teacher.config, teacher.params, transposed_copy=False)
     if slots is not None:
         return _verify_report(teacher, plain, slots, args.context, args.repeats, args.json)
 
-    from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
     from eaglepangu_jax.engine.config import SpecConfig
-    from eaglepangu_jax.evaluation.report import format_summary, write_report
-    from eaglepangu_jax.evaluation.run import run_bench
-    from eaglepangu_jax.evaluation.suites import load_suite, per_category
     from eaglepangu_jax.methods.registry import DEFAULT_BUDGET, DEFAULT_DEPTH, make_method
 
-    renderer = renderer if renderer is not None else runtime.load_renderer()
     # The tree settings of `eaglepangu bench` with none given.
     spec = SpecConfig(
         budget=DEFAULT_BUDGET, depth=DEFAULT_DEPTH, max_new_tokens=args.max_new_tokens
@@ -129,19 +113,14 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
                 correction=twin.correction,
             ),
         ]
-    ensure_calibration(teacher, controlled_methods(methods))
-    conversations = load_suite(args.suite)
-    if args.per_category:
-        conversations = per_category(conversations, args.per_category)
-    report = run_bench(teacher, conversations, methods, renderer)
-    report["teacher_layout"] = {
-        "suite": args.suite,
-        "per_category": args.per_category,
-        "with_copies": names,
-        "without_copies": [n + PLAIN_SUFFIX for n in names],
-    }
-    write_report(args.json, report)
-    print(format_summary(report))
+    side_by_side.run_and_report(
+        teacher,
+        methods,
+        args,
+        "teacher_layout",
+        {"with_copies": names, "without_copies": [n + PLAIN_SUFFIX for n in names]},
+        renderer=renderer,
+    )
     return 0
 
 

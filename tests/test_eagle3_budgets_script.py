@@ -25,6 +25,9 @@ def script():
         (["--budgets", "two"], "--budgets"),
         (["--policies", "drafter"], "--policies"),
         (["--policies", "auto,auto"], "--policies"),
+        (["--drafter", "greedy"], "--drafter"),
+        (["--drafter", "nope"], "--drafter"),
+        (["--drafter", "ngram,block"], "--drafter"),
     ],
 )
 def test_bad_settings_are_refused(script, tmp_path, capsys, argv, needle):
@@ -55,6 +58,7 @@ def test_one_turn_at_one_budget_stays_identical(script, tmp_path):
     summary = report["summary"]
     assert set(summary) == {"greedy", "eagle3 b=1 best_first", "eagle3 b=1 auto"}
     assert all(s["identical_fraction"] == 1.0 for s in summary.values())
+    assert report["eagle3_budgets"]["drafter"] == "eagle3"
     every = report["eagle3_budgets"]["rounds"]["eagle3 b=1 best_first"]
     assert every["verifying_share"] == 1.0 and set(every["rounds_by_nodes"][:1]) == {0}
     assert len(every["rounds_by_nodes"]) == 2  # one node at most
