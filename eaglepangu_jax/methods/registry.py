@@ -65,10 +65,14 @@ DEFAULT_BUDGET = 8  # tree nodes; the seeds' M = 16 verifies too slowly on 2 CPU
 DEFAULT_DEPTH = 6  # deepest draft node
 # Tree nodes a drafter runs at when the run's budget is a default the user did not choose
 # (``make_method(..., default_budget=True)``); drafters not named take DEFAULT_BUDGET. The
-# shipped EAGLE-3 head pays most with one node a round on 2 CPU cores: its early stop then
-# grows two levels instead of five, and a lone drafted token is verified at the 2-slot
-# bucket, about the price of a plain step (docs/RESULTS.md, "EAGLE-3 drafts one node").
-DRAFTER_BUDGETS = {"eagle3": 1}
+# shipped EAGLE-3 head pays most with one node a round on 2 CPU cores: it then runs no head
+# forward beyond the update (the root's children come from the state the update leaves,
+# `Eagle3Drafter.tree_levels`), and a lone drafted token is verified at the 2-slot bucket,
+# about the price of a plain step (docs/RESULTS.md, "EAGLE-3 drafts one node"). The block
+# head drafts every depth in one forward whatever the budget, but on these cores its deeper
+# guesses do not pay for the wider verify either: one node 1.21x against 8 nodes 1.13x on
+# the dev suite under the controller (docs/RESULTS.md, "The block drafter at one node").
+DRAFTER_BUDGETS = {"eagle3": 1, "block": 1}
 CPU_PEAK_FLOPS = NOMINAL_PEAK_FLOPS  # the uncalibrated roofline's machine (see budget)
 CPU_BANDWIDTH = NOMINAL_BANDWIDTH
 
