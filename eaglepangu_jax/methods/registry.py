@@ -71,7 +71,7 @@ DEFAULT_DEPTH = 6  # deepest draft node
 # about the price of a plain step (docs/RESULTS.md, "EAGLE-3 drafts one node"). The block
 # head drafts every depth in one forward whatever the budget, but on these cores its deeper
 # guesses do not pay for the wider verify either: one node 1.21x against 8 nodes 1.13x on
-# the dev suite under the controller (docs/RESULTS.md, "The block drafter at one node").
+# the dev suite under the controller (docs/RESULTS.md, "The block drafter drafts one node").
 DRAFTER_BUDGETS = {"eagle3": 1, "block": 1}
 CPU_PEAK_FLOPS = NOMINAL_PEAK_FLOPS  # the uncalibrated roofline's machine (see budget)
 CPU_BANDWIDTH = NOMINAL_BANDWIDTH
