@@ -276,6 +276,20 @@ def test_demo_turns_are_short_and_shipped():
     assert [c.category for c in conversations][-1] == "humaneval"
 
 
+def test_demo_runs_each_drafter_at_its_default_budget():
+    """``make run`` shows what a user gets by default: a drafter with a budget of its own
+    (methods.DRAFTER_BUDGETS) runs at it, the others at the run's default budget (the block
+    drafter ran at 8 nodes here until session 41, though its default was one)."""
+    methods = {m.name: m for m in cli_bench.demo_methods()}
+    assert list(methods) == ["greedy", "eagle3", "ngram", "ngram-corpus", "block"]
+    for name, method in methods.items():
+        if name == "greedy":
+            continue
+        expected = methods_lib.DRAFTER_BUDGETS.get(name, methods_lib.DEFAULT_BUDGET)
+        assert method.spec.budget == expected, name
+        assert method.drafter.max_depth >= method.spec.depth, name
+
+
 def test_demo_turns_fit_one_attention_window():
     """Every demo turn, its answer and a full tree fit the smallest window (one compiled loop
     per method: what keeps ``make run``'s compile time down on a fresh machine)."""

@@ -27,6 +27,7 @@ from eaglepangu_jax.methods.registry import (
     DEFAULT_BUDGET,
     DEFAULT_DEPTH,
     METHODS,
+    Method,
     make_method,
     parse_methods,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "run_bench_command",
     "run_demo",
     "demo_conversations",
+    "demo_methods",
     "DEMO_TURNS",
     "DEMO_MAX_NEW_TOKENS",
 ]
@@ -223,27 +225,33 @@ def demo_conversations() -> list[Conversation]:
     return chosen
 
 
-def run_demo(parser, args, teacher=None, renderer=None) -> int:
-    """``eaglepangu demo``."""
-    args_lib.writable(parser, args.json, "report")
+def demo_methods() -> list[Method]:
+    """The demo's methods at the settings a user gets by default: greedy, the shipped EAGLE-3
+    head, n-gram, ngram-corpus and the block drafter, each at its own default depth and
+    budget (:data:`~eaglepangu_jax.methods.registry.DRAFTER_BUDGETS`). A shipped drafter
+    whose files are missing or corrupt is left out with a note."""
     spec = SpecConfig(
         budget=DEFAULT_BUDGET, depth=DEFAULT_DEPTH, max_new_tokens=DEMO_MAX_NEW_TOKENS
     )
     methods = [make_method("greedy", spec)]
-    try:
-        methods.append(make_method("eagle3", spec, default_depth=True, default_budget=True))
-        args_lib.note("shipped drafter: eagle3")
-    except (ValueError, DrafterUnavailableError) as err:
-        args_lib.note(f"shipped drafter: ngram (eagle3 unavailable: {err})")
-    methods.append(make_method("ngram", spec))
-    try:
-        methods.append(make_method("ngram-corpus", spec))
-    except (ValueError, DrafterUnavailableError) as err:
-        args_lib.note(f"ngram-corpus drafter left out: {err}")
-    try:
-        methods.append(make_method("block", spec, default_depth=True))
-    except (ValueError, DrafterUnavailableError) as err:
-        args_lib.note(f"block drafter left out: {err}")
+    for name in ("eagle3", "ngram", "ngram-corpus", "block"):
+        try:
+            methods.append(make_method(name, spec, default_depth=True, default_budget=True))
+        except (ValueError, DrafterUnavailableError) as err:
+            if name == "eagle3":
+                args_lib.note(f"shipped drafter: ngram (eagle3 unavailable: {err})")
+            else:
+                args_lib.note(f"{name} drafter left out: {err}")
+        else:
+            if name == "eagle3":
+                args_lib.note("shipped drafter: eagle3")
+    return methods
+
+
+def run_demo(parser, args, teacher=None, renderer=None) -> int:
+    """``eaglepangu demo``."""
+    args_lib.writable(parser, args.json, "report")
+    methods = demo_methods()
     conversations = demo_conversations()
     args_lib.note(
         f"loading SmolLM2-135M-Instruct; {len(conversations)} turns x {len(methods)} methods, "
