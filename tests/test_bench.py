@@ -8,8 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eaglepangu_jax import mask as mask_lib
-from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.calibration import curve
 from eaglepangu_jax.drafters import registry as drafter_registry
 from eaglepangu_jax.drafters.ngram import NGramDrafter
@@ -158,20 +156,7 @@ def test_mapping_pressure_reads_this_process():
 
 def _naive_gap(teacher, sequence):
     """Top-1 minus top-2 logit after ``sequence``: one uncached forward, nothing shared."""
-    t = len(sequence)
-    kv = KVCache(
-        k=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
-        v=jnp.zeros((CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim)),
-        length=jnp.int32(0),
-    )
-    logits, _, _ = llama.forward(
-        teacher.params,
-        jnp.asarray(sequence, jnp.int32),
-        jnp.arange(t, dtype=jnp.int32),
-        kv,
-        mask_lib.causal_mask(t, 0, t),
-        config=CFG,
-    )
+    logits, _ = llama.forward_sequence(teacher.params, jnp.asarray(sequence, jnp.int32), config=CFG)
     top = np.sort(np.asarray(logits[-1]))
     return float(top[-1] - top[-2])
 

@@ -25,9 +25,7 @@ import pytest
 from scipy.stats import chisquare
 
 from eaglepangu_jax import draft_control, engine
-from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax import tree as tree_lib
-from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.drafters import NGramDrafter
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine import step
@@ -519,30 +517,16 @@ def small_params():
     return dict(params, final_norm=params["final_norm"] * 0.07)
 
 
-@functools.partial(jax.jit, static_argnames=("length",))
-def _logits_all(params, tokens, *, length):
-    """Logits ``[B, length, V]`` of a batch of whole sequences, each from an empty cache."""
-
-    def one(seq):
-        shape = (SMALL.num_layers, length, SMALL.num_kv_heads, SMALL.head_dim)
-        kv = KVCache(k=jnp.zeros(shape), v=jnp.zeros(shape), length=jnp.int32(0))
-        logits, _, _ = llama.forward(
-            params,
-            seq,
-            jnp.arange(length, dtype=jnp.int32),
-            kv,
-            mask_lib.causal_mask(length, 0, length),
-            config=SMALL,
-        )
-        return logits
-
-    return jax.vmap(one)(tokens)
+@jax.jit
+def _logits_all(params, tokens):
+    """Logits ``[B, T, V]`` of a batch of whole sequences, each from an empty cache."""
+    return jax.vmap(lambda seq: llama.forward_sequence(params, seq, config=SMALL)[0])(tokens)
 
 
 def two_token_law(params, temperature):
     """``[V, V]`` exact law of the first two sampled tokens (float64)."""
     seqs = np.asarray([SAMPLE_PROMPT + [a] for a in range(V)], np.int32)
-    logits = np.asarray(_logits_all(params, jnp.asarray(seqs), length=len(seqs[0])), np.float64)
+    logits = np.asarray(_logits_all(params, jnp.asarray(seqs)), np.float64)
     p = len(SAMPLE_PROMPT)
 
     def softmax(z):

@@ -10,8 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eaglepangu_jax import cache as cache_lib
-from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.drafters.checkpoint import (
     load_checkpoint,
     load_starting_head,
@@ -44,16 +42,7 @@ def teacher():
 
 
 def forward_all(params, config, tokens):
-    t = len(tokens)
-    cache = cache_lib.init(config.num_layers, t, config.num_kv_heads, config.head_dim, jnp.float32)
-    logits, _, _ = llama.forward(
-        params,
-        jnp.asarray(tokens, jnp.int32),
-        jnp.arange(t, dtype=jnp.int32),
-        cache,
-        mask_lib.causal_mask(t, 0, t),
-        config=config,
-    )
+    logits, _ = llama.forward_sequence(params, jnp.asarray(tokens, jnp.int32), config=config)
     return np.asarray(logits)
 
 
@@ -295,16 +284,8 @@ def test_the_shipped_distilled_draft_is_lossless_and_accepts_on_the_real_teacher
 
 def tapped(teacher, tokens, layers):
     """The teacher's logits and the features leaving ``layers`` on one causal sequence."""
-    t = len(tokens)
-    cache = cache_lib.init(CFG.num_layers, t, CFG.num_kv_heads, CFG.head_dim, jnp.float32)
-    logits, features, _ = llama.forward(
-        teacher.params,
-        jnp.asarray(tokens, jnp.int32),
-        jnp.arange(t, dtype=jnp.int32),
-        cache,
-        mask_lib.causal_mask(t, 0, t),
-        config=CFG,
-        feature_layers=layers,
+    logits, features = llama.forward_sequence(
+        teacher.params, jnp.asarray(tokens, jnp.int32), config=CFG, feature_layers=layers
     )
     return np.asarray(logits), np.asarray(features)
 

@@ -16,8 +16,6 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from eaglepangu_jax import mask as mask_lib
-from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.calibration import curve
 from eaglepangu_jax.drafters import draft_target, registry
 from eaglepangu_jax.drafters.draft_target import (
@@ -235,24 +233,16 @@ class WrongProbsDrafter(DraftTargetDrafter):
         return dataclasses.replace(proposal, draft_probs=uniform)
 
 
-@functools.partial(jax.jit, static_argnames=("length",))
-def _forward_all(params, tokens, *, length):
-    """Logits ``[B, length, V]`` of whole sequences, each from an empty cache."""
-
-    def one(seq):
-        shape = (SMALL.num_layers, length, SMALL.num_kv_heads, SMALL.head_dim)
-        kv = KVCache(k=jnp.zeros(shape), v=jnp.zeros(shape), length=jnp.int32(0))
-        positions = jnp.arange(length, dtype=jnp.int32)
-        mask = mask_lib.causal_mask(length, 0, length)
-        return llama.forward(params, seq, positions, kv, mask, config=SMALL)[0]
-
-    return jax.vmap(one)(tokens)
+@jax.jit
+def _forward_all(params, tokens):
+    """Logits ``[B, T, V]`` of whole sequences, each from an empty cache."""
+    return jax.vmap(lambda seq: llama.forward_sequence(params, seq, config=SMALL)[0])(tokens)
 
 
 def exact_law(teacher):
     """``[V, V]``: the teacher's law of the first two new tokens at temperature 1."""
     seqs = jnp.asarray([SMALL_PROMPT + [a] for a in range(V)], jnp.int32)
-    logits = np.asarray(_forward_all(teacher.params, seqs, length=len(seqs[0])), np.float64)
+    logits = np.asarray(_forward_all(teacher.params, seqs), np.float64)
 
     def softmax(x):
         e = np.exp(x - x.max(axis=-1, keepdims=True))
@@ -434,12 +424,8 @@ def test_fit_budget_lowers_only_to_a_declared_limit(teacher):
 @functools.partial(jax.jit, static_argnames=("config",))
 def _last_log_probs(params, tokens, *, config):
     """Log-probabilities of the token after ``tokens`` (one sequence, from an empty cache)."""
-    n = tokens.shape[0]
-    shape = (config.num_layers, n, config.num_kv_heads, config.head_dim)
-    kv = KVCache(k=jnp.zeros(shape), v=jnp.zeros(shape), length=jnp.int32(0))
-    mask = mask_lib.causal_mask(n, 0, n)
-    logits = llama.forward(params, tokens, jnp.arange(n, dtype=jnp.int32), kv, mask, config=config)
-    return jax.nn.log_softmax(logits[0][-1])
+    logits, _ = llama.forward_sequence(params, tokens, config=config)
+    return jax.nn.log_softmax(logits[-1])
 
 
 def brute_force_beam(config, params, prefix, width, depth):

@@ -13,7 +13,6 @@ deliberately wrong law, same sample size, same test) must give p < 1e-6.
 
 import collections
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,9 +20,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax import tree as tree_lib
-from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine import sampling
 from eaglepangu_jax.engine.config import SpecConfig
@@ -63,24 +60,10 @@ def teacher(raw_params):
 # ------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("length",))
-def _forward_all(params, tokens, *, length):
-    """Logits ``[B, length, V]`` of a batch of whole sequences, each from an empty cache."""
-
-    def one(seq):
-        shape = (CFG.num_layers, length, CFG.num_kv_heads, CFG.head_dim)
-        kv = KVCache(k=jnp.zeros(shape), v=jnp.zeros(shape), length=jnp.int32(0))
-        logits, _, _ = llama.forward(
-            params,
-            seq,
-            jnp.arange(length, dtype=jnp.int32),
-            kv,
-            mask_lib.causal_mask(length, 0, length),
-            config=CFG,
-        )
-        return logits
-
-    return jax.vmap(one)(tokens)
+@jax.jit
+def _forward_all(params, tokens):
+    """Logits ``[B, T, V]`` of a batch of whole sequences, each from an empty cache."""
+    return jax.vmap(lambda seq: llama.forward_sequence(params, seq, config=CFG)[0])(tokens)
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +71,7 @@ def teacher_logits(raw_params):
     """``(l1 [V], l2 [V, V], l3 [V, V, V])``: the teacher's logits for the first token, the
     second given the first, the third given the first two (float64 on the host)."""
     seqs = np.asarray([PROMPT + [a, b] for a in range(V) for b in range(V)], np.int32)
-    length = len(PROMPT) + 2
-    logits = np.asarray(_forward_all(raw_params, jnp.asarray(seqs), length=length), np.float64)
+    logits = np.asarray(_forward_all(raw_params, jnp.asarray(seqs)), np.float64)
     p = len(PROMPT)
     return logits[0, p - 1], logits[::V, p], logits[:, p + 1].reshape(V, V, V)
 

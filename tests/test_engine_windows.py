@@ -9,15 +9,11 @@ sequence per new token), and speculative greedy with the n-gram drafter must equ
 greedy.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eaglepangu_jax import mask as mask_lib
-from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.drafters import NGramDrafter
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.config import SpecConfig
@@ -66,21 +62,11 @@ def teacher(raw_params):
     return gen.Teacher(CFG, raw_params)
 
 
-@functools.partial(jax.jit, static_argnames=("length",))
-def _full_forward(params, tokens, *, length):
-    """Logits of every position of ``tokens`` ``[length]``, from an empty cache: no chunks, no
-    windows, no tree. Row ``t`` sees tokens ``[0, t]`` only, so trailing padding is harmless."""
-    shape = (CFG.num_layers, length, CFG.num_kv_heads, CFG.head_dim)
-    kv = KVCache(k=jnp.zeros(shape), v=jnp.zeros(shape), length=jnp.int32(0))
-    logits, _, _ = llama.forward(
-        params,
-        tokens,
-        jnp.arange(length, dtype=jnp.int32),
-        kv,
-        mask_lib.causal_mask(length, 0, length),
-        config=CFG,
-    )
-    return logits
+@jax.jit
+def _full_forward(params, tokens):
+    """Logits of every position of ``tokens``, from an empty cache: no chunks, no windows, no
+    tree. Row ``t`` sees tokens ``[0, t]`` only, so trailing padding is harmless."""
+    return llama.forward_sequence(params, tokens, config=CFG)[0]
 
 
 def naive_greedy(params, prompt, n):
@@ -91,7 +77,7 @@ def naive_greedy(params, prompt, n):
     for _ in range(n):
         padded = np.zeros((REFERENCE_LEN,), np.int32)
         padded[: len(seq)] = seq
-        row = np.asarray(_full_forward(params, jnp.asarray(padded), length=REFERENCE_LEN))
+        row = np.asarray(_full_forward(params, jnp.asarray(padded)))
         row = row[len(seq) - 1]
         top2 = np.sort(row)[-2:]
         margin = min(margin, float(top2[1] - top2[0]))

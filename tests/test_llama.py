@@ -100,6 +100,24 @@ def test_matches_numpy_transcription(stacked, params):
     np.testing.assert_allclose(logits, _numpy_forward(stacked, tokens), atol=2e-4, rtol=1e-4)
 
 
+def test_forward_sequence_is_the_causal_forward_and_ignores_what_follows(stacked, params):
+    """The whole-sequence helper (teacher forcing, training, oracles) against the numpy
+    transcription, and padding after a prefix leaves the prefix's rows as they were."""
+    tokens = [1, 5, 17, 33, 2, 96, 40, 8, 8]
+    logits, feats = llama.forward_sequence(
+        params, jnp.asarray(tokens, jnp.int32), config=CONFIG, feature_layers=(0, 2)
+    )
+    assert logits.shape == (9, CONFIG.vocab_size)
+    assert feats.shape == (9, 2, CONFIG.hidden_size)
+    np.testing.assert_allclose(logits, _numpy_forward(stacked, tokens), atol=2e-4, rtol=1e-4)
+    _, want, _ = _forward(params, tokens, range(9), _empty_cache(), _causal(9), (0, 2))
+    np.testing.assert_allclose(feats, want, atol=1e-5, rtol=1e-5)
+    padded, _ = llama.forward_sequence(
+        params, jnp.asarray(tokens[:5] + [0] * 4, jnp.int32), config=CONFIG
+    )
+    np.testing.assert_allclose(padded[:5], logits[:5], atol=1e-5, rtol=1e-5)
+
+
 def test_cached_incremental_equals_uncached(params):
     tokens = np.array([3, 14, 15, 92, 65, 35, 89, 79, 32, 38])
     full, full_feats, _ = _forward(

@@ -28,8 +28,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eaglepangu_jax import cache as cache_lib
-from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.calibration.curve import method_costs
 from eaglepangu_jax.engine.compile_watch import CompileWatch
 from eaglepangu_jax.engine.decode import GenerationResult, Teacher, generate
@@ -129,19 +127,7 @@ def first_divergence(reference: Sequence[int], tokens: Sequence[int]) -> int | N
 
 @functools.partial(jax.jit, static_argnames="config")
 def _sequence_logits(params: dict, tokens: jax.Array, *, config: LlamaConfig) -> jax.Array:
-    t = tokens.shape[0]
-    kv = cache_lib.init(
-        config.num_layers, t, config.num_kv_heads, config.head_dim, params["embed"].dtype
-    )
-    logits, _, _ = llama.forward(
-        params,
-        tokens,
-        jnp.arange(t, dtype=jnp.int32),
-        kv,
-        mask_lib.causal_mask(t, 0, t),
-        config=config,
-    )
-    return logits
+    return llama.forward_sequence(params, tokens, config=config)[0]
 
 
 def near_tie_gaps(

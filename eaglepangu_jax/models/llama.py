@@ -47,6 +47,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from eaglepangu_jax import cache as cache_lib
+from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
@@ -56,6 +58,7 @@ __all__ = [
     "forward",
     "forward_detached",
     "forward_residual",
+    "forward_sequence",
     "prepare_params",
     "is_prepared",
     "has_transposed_copy",
@@ -128,6 +131,30 @@ def forward(
         config=config,
         feature_layers=feature_layers,
     )
+
+
+def forward_sequence(
+    params: dict,
+    tokens: Int[Array, " T"],
+    *,
+    config: LlamaConfig,
+    feature_layers: tuple[int, ...] = (),
+) -> tuple[Float[Array, "T V"], Float[Array, "T F H"]]:
+    """:func:`forward` over one whole sequence from an empty cache of ``T`` slots, causally
+    (position ``t`` sees tokens ``0..t``): teacher forcing, training targets and features,
+    and the uncached oracle tests compare the engine with. Trailing padding changes no
+    earlier row. Returns ``(logits, features)`` as :func:`forward` does; jit it with
+    ``config`` and ``feature_layers`` static (or inside a caller's jit)."""
+    t = tokens.shape[0]
+    cache = cache_lib.init(
+        config.num_layers, t, config.num_kv_heads, config.head_dim, params["embed"].dtype
+    )
+    positions = jnp.arange(t, dtype=jnp.int32)
+    mask = mask_lib.causal_mask(t, 0, t)
+    logits, features, _ = forward(
+        params, tokens, positions, cache, mask, config=config, feature_layers=feature_layers
+    )
+    return logits, features
 
 
 def forward_residual(

@@ -27,8 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from eaglepangu_jax import cache as cache_lib
-from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.training import data as data_lib
@@ -50,23 +48,8 @@ LENGTH_BUCKET = 64
 def _batch_features(
     params: dict, tokens: Int[Array, "B L"], *, config: LlamaConfig, feature_layers: tuple[int, ...]
 ) -> Float[Array, "B L F H"]:
-    length = tokens.shape[1]
-
     def one(seq):
-        kv = cache_lib.init(
-            config.num_layers, length, config.num_kv_heads, config.head_dim, params["embed"].dtype
-        )
-        positions = jnp.arange(length, dtype=jnp.int32)
-        _, feats, _ = llama.forward(
-            params,
-            seq,
-            positions,
-            kv,
-            mask_lib.causal_mask(length, 0, length),
-            config=config,
-            feature_layers=feature_layers,
-        )
-        return feats
+        return llama.forward_sequence(params, seq, config=config, feature_layers=feature_layers)[1]
 
     return jax.vmap(one)(tokens)
 

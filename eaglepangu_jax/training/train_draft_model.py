@@ -23,8 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from eaglepangu_jax import cache as cache_lib
-from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig, draft_model_params
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.init import fresh_weights
@@ -56,19 +54,8 @@ def sequence_logits(
     head: dict, config: DraftModelConfig, embed: Float[Array, "V H"], tokens: Int[Array, " T"]
 ) -> Float[Array, "T Vd"]:
     """Draft-vocabulary logits at every position of one causal sequence."""
-    t = tokens.shape[0]
-    cache = cache_lib.init(config.num_layers, t, config.num_kv_heads, config.head_dim, jnp.float32)
     params = draft_model_params(head, config, embed)
-    positions = jnp.arange(t, dtype=jnp.int32)
-    logits, _, _ = llama.forward(
-        params,
-        tokens.astype(jnp.int32),
-        positions,
-        cache,
-        mask_lib.causal_mask(t, jnp.int32(0), t),
-        config=config.llama_config(),
-    )
-    return logits
+    return llama.forward_sequence(params, tokens.astype(jnp.int32), config=config.llama_config())[0]
 
 
 def _next_targets(targets: Int[Array, "... T"]) -> Int[Array, "... T"]:
