@@ -84,6 +84,18 @@ def load_bench_script(name: str):
     return module
 
 
+def refusal(script, argv, tmp_path, capsys) -> str:
+    """Run a bench script's ``main(argv + --json tmp_path/r.json)``, check that it exits
+    through argparse (status 2) without writing the report, and return what it printed on
+    stderr (the message that names the bad setting)."""
+    report = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as exc:
+        script.main([*argv, "--json", str(report)])
+    assert exc.value.code == 2
+    assert not report.exists()
+    return capsys.readouterr().err
+
+
 @pytest.fixture
 def reference_mode(monkeypatch):
     """Run a test with ``EAGLEPANGU_MODE=reference``."""

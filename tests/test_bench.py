@@ -363,6 +363,15 @@ def test_a_default_budget_becomes_the_drafters_own():
     assert shallow.spec.budget == own and shallow.spec.depth == 3
     # Its drafting cost is its own calibration entry.
     assert curve.draft_cost_key(eagle3) == f"eagle3:budget={own},depth=6"
+    # With the depth left at its default too, the tree is no deeper than the budget (a tree
+    # of N nodes cannot be): the same trees, cheaper rounds.
+    both = methods_lib.make_method(
+        "eagle3", spec, default_budget=True, default_depth=True, eagle3_loader=loader
+    )
+    assert both.spec.budget == both.spec.depth == own == both.drafter.depth
+    assert both.drafter.budget == own
+    # A depth the user chose is kept.
+    assert shallow.drafter.depth == 3
 
 
 def test_the_cli_budget_option_says_whether_it_is_a_default():

@@ -122,6 +122,20 @@ def test_marginals_are_log_probs_on_draft_ids_and_never_nan(tiny, poison):
         assert np.all(m == -np.inf)  # a NaN anywhere in a row poisons its whole softmax
 
 
+def test_a_smaller_depth_returns_the_first_rows_of_the_same_marginals(tiny):
+    """The block runs at its trained size whatever ``depth`` is, so depth 1 (its default
+    depth at its default budget of one node, methods.make_method) is the full run's first
+    row (and a best-first tree of one node reads no other: tests/test_scoring.py)."""
+    _, cfg, params = tiny
+    ctx = _context(cfg)
+    full, first = (
+        np.asarray(_marginals(block.BlockDrafter(config=cfg, depth=d), params, ctx))
+        for d in (cfg.block_size, 1)
+    )
+    assert first.shape == (1, CFG.vocab_size)
+    np.testing.assert_array_equal(first, full[:1])
+
+
 def _stacked_and_prepared(cfg, embed, d2t, seed=1):
     head = _with_injection(block.init_head(cfg, jax.random.key(seed)))
     head = {k: v + 0.01 * jax.random.normal(jax.random.key(7), v.shape) for k, v in head.items()}

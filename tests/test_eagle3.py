@@ -272,6 +272,30 @@ def test_small_trees_grow_only_the_levels_they_can_use(tiny, budget):
         assert str(jaxpr).count("dot_general") < str(deep).count("dot_general")
 
 
+@pytest.mark.parametrize("budget", [1, 2])
+def test_a_head_run_no_deeper_than_its_budget_drafts_the_same_trees(tiny, budget):
+    """The default tree of a drafter with a budget of its own is cut to that depth
+    (methods.make_method): the same nodes and scores as at the full depth, from a state
+    whose update read fewer feature rows."""
+    cfg, _, head_cfg, params = tiny
+    shape = dict(config=head_cfg, budget=budget, top_k=4)
+    full, cut = (eagle3.Eagle3Drafter(**shape, depth=d) for d in (6, budget))
+    for sharpness in (0.1, 8.0, 400.0):
+        for seed in range(2):
+            tuned = _sharpened(params, seed, sharpness)
+            ctx = _context(cfg, head_cfg, depth=6)
+            ctx = dataclasses.replace(ctx, num_tokens=jnp.int32(9 + seed))
+            # The engine hands a drafter of depth D a [D + 1, F, H] buffer; a round accepts at
+            # most `budget` nodes, so `budget + 1` rows are filled and the rest ignored.
+            ctx = dataclasses.replace(ctx, num_features=jnp.int32(budget + 1))
+            few = dataclasses.replace(ctx, features=ctx.features[: budget + 1])
+            want, got = _jit_propose(full)(tuned, ctx), _jit_propose(cut)(tuned, few)
+            for field in ("tokens", "parents", "valid", "depth", "logscore"):
+                np.testing.assert_array_equal(
+                    np.asarray(getattr(got, field)), np.asarray(getattr(want, field)), field
+                )
+
+
 def test_calibration_times_the_drafter_with_every_level_grown(tiny, monkeypatch):
     from eaglepangu_jax.calibration import measure
     from eaglepangu_jax.engine.drafter import costliest

@@ -203,6 +203,20 @@ def test_best_first_matches_brute_force_oracle(lp, budget, top_k, n_nodes):
     np.testing.assert_array_equal(np.asarray(t.logscore)[1 : m + 1], np.asarray(scores, np.float32))
 
 
+@given(marginals(shapes=((3, 4), (4, 3))), st.sampled_from([1, 2]))
+def test_a_tree_of_budget_nodes_reads_no_marginal_deeper_than_its_budget(lp, budget):
+    """A node enters only with its parent, so ``budget`` nodes reach depth ``budget`` at most:
+    the marginals below it change nothing (why a drafter's default depth is cut to its
+    default budget, methods.make_method)."""
+    deep = best_first(lp, 9, budget=budget)
+    cut = best_first(lp[:budget], 9, budget=budget)
+    for field in ("tokens", "parents", "valid", "depth", "logscore"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(cut, field)), np.asarray(getattr(deep, field))
+        )
+    assert int(np.max(np.asarray(deep.depth))) <= budget
+
+
 @given(st.integers(0, 2**32 - 1), st.integers(1, 30))
 def test_distinct_scores_give_exactly_the_top_budget_prefixes(seed, n):
     # Continuous marginals: no ties, so "top n prefixes" needs no tie rule at all.

@@ -286,7 +286,8 @@ def add_tree_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None
         default=None,
         metavar="D",
         help=f"deepest tree node (default: {DEFAULT_DEPTH} for ngram, the "
-        f"shipped head's own depth for eagle3)",
+        f"shipped head's own depth for eagle3; with --budget auto, no deeper than the "
+        f"budget of a drafter that has its own: a tree of N nodes is at most N deep)",
     )
     p.add_argument(
         "--draft-top-k",
