@@ -288,6 +288,8 @@ def test_demo_runs_each_drafter_at_its_default_budget():
         expected = methods_lib.DRAFTER_BUDGETS.get(name, methods_lib.DEFAULT_BUDGET)
         assert method.spec.budget == expected, name
         assert method.drafter.max_depth >= method.spec.depth, name
+        if name in methods_lib.DRAFTER_BUDGETS:  # and no deeper than that budget
+            assert method.spec.depth == method.drafter.depth == expected, name
 
 
 def test_demo_turns_fit_one_attention_window():
