@@ -13,9 +13,10 @@ every round, so acceptance is compared, not the controller's choices::
 
 ``--policy auto`` runs them under the engine's default controller instead, the way
 ``eaglepangu bench`` runs the shipped head (``--per-category 0``: the whole suite, e.g. the
-240 turns at ``--max-new-tokens 64``). The controller weighs each round's drafting cost,
-measured once per head shape on this machine and kept in its calibration, so a deeper head
-pays its own cost there, not the shipped head's.
+240 turns at ``--max-new-tokens 64``); with ``--budget auto`` too, every head drafts the tree
+the shipped one drafts by default (its ``DRAFTER_BUDGETS`` entry, no deeper than that). The
+controller weighs each round's drafting cost, measured once per head shape on this machine and
+kept in its calibration, so a deeper head pays its own cost there, not the shipped head's.
 
 Methods are named ``block`` (shipped) and ``block#I`` (the ``I``-th checkpoint; under
 ``--policy auto`` ``block#I-<8 hex>``, the hex naming its shape); the JSON is the bench
@@ -30,6 +31,7 @@ import hashlib
 import json
 
 from eaglepangu_jax.cli import side_by_side
+from eaglepangu_jax.cli.args import budget
 
 
 def method_name(index: int, config, policy: str) -> str:
@@ -44,33 +46,20 @@ def method_name(index: int, config, policy: str) -> str:
     return f"block#{index}-{hashlib.sha256(shape.encode()).hexdigest()[:8]}"
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    side_by_side.add_suite_arguments(
-        p, per_category=1, suite="mtbench-humaneval", max_new_tokens=128
-    )
-    p.add_argument("--budget", type=int, default=8, help="tree nodes per round")
-    p.add_argument("--policy", default="best_first", help="tree policy (see eaglepangu bench)")
-    p.add_argument(
-        "--checkpoint",
-        action="append",
-        required=True,
-        help="a block drafter export or checkpoint (repeatable)",
-    )
-    args = p.parse_args(argv)
-    side_by_side.check_suite_arguments(p, args)
-    if args.budget < 1:
-        p.error("--budget must be >= 1")
-
+def head_methods(p: argparse.ArgumentParser, args: argparse.Namespace) -> list:
+    """Greedy, the shipped head and one method per ``--checkpoint``, all drafting the tree
+    ``--budget`` names (``auto``: the shipped drafter's default one, at its depth)."""
     from eaglepangu_jax.drafters import block
     from eaglepangu_jax.drafters.checkpoint import load_checkpoint
     from eaglepangu_jax.engine.config import SpecConfig
     from eaglepangu_jax.methods.registry import make_method
     from eaglepangu_jax.models.smollm2 import teacher_fingerprint
 
-    teacher = side_by_side.real_teacher()
-    spec = SpecConfig(policy=args.policy, budget=args.budget, max_new_tokens=args.max_new_tokens)
-    shipped = make_method("block", spec)
+    auto = args.budget == "auto"
+    spec = SpecConfig(policy=args.policy, max_new_tokens=args.max_new_tokens)
+    if not auto:
+        spec = dataclasses.replace(spec, budget=args.budget)
+    shipped = make_method("block", spec, default_depth=auto, default_budget=auto)
     methods = [make_method("greedy", spec), shipped]
     for i, path in enumerate(args.checkpoint):
         try:
@@ -102,6 +91,31 @@ def main(argv=None) -> int:
                 draft_params=params,
             )
         )
+    return methods
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    side_by_side.add_suite_arguments(
+        p, per_category=1, suite="mtbench-humaneval", max_new_tokens=128
+    )
+    p.add_argument(
+        "--budget",
+        type=budget,
+        default=8,
+        help="tree nodes per round, or 'auto': the shipped drafter's default tree",
+    )
+    p.add_argument("--policy", default="best_first", help="tree policy (see eaglepangu bench)")
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        required=True,
+        help="a block drafter export or checkpoint (repeatable)",
+    )
+    args = p.parse_args(argv)
+    side_by_side.check_suite_arguments(p, args)
+    methods = head_methods(p, args)  # a checkpoint it cannot run is refused before any load
+    teacher = side_by_side.real_teacher()
     # Under "auto" the calibration times each head's drafting (the controller reads it).
     side_by_side.run_and_report(
         teacher, methods, args, "block_heads", {"checkpoints": args.checkpoint}

@@ -21,6 +21,12 @@ JSON (``--json``) and prints a table. Example::
     PYTHONPATH=. python3 bench/draft_in_loop.py --methods eagle3,eagle3:4 --json depth.json
     PYTHONPATH=. python3 bench/draft_in_loop.py --methods eagle3,eagle3/every-level \
         --budget 8 --json early_stop.json
+    PYTHONPATH=. python3 bench/draft_in_loop.py --methods eagle3,block --budget auto \
+        --json defaults.json
+
+``--budget auto`` runs each drafter at the tree a user gets by default (its entry in
+:data:`~eaglepangu_jax.methods.registry.DRAFTER_BUDGETS`, and no deeper than that budget), still
+drafting every round.
 
 ``NAME/every-level`` is a drafter with an early stop (EAGLE-3) growing every level of its
 tree; its standalone time is the same as ``NAME``'s (calibration times the costliest round).
@@ -37,6 +43,7 @@ import numpy as np
 
 from eaglepangu_jax import runtime
 from eaglepangu_jax.calibration import measure
+from eaglepangu_jax.cli.args import budget
 from eaglepangu_jax.engine import SpecConfig, generate
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.engine.drafter import costliest
@@ -71,7 +78,12 @@ def main() -> int:
         help="comma-separated; NAME:D runs NAME at tree depth D (e.g. eagle3,eagle3:4)",
     )
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--budget", type=int, default=None, help="tree nodes (default: 16)")
+    p.add_argument(
+        "--budget",
+        type=budget,
+        default=None,
+        help="tree nodes, or 'auto': each drafter's own default tree (default: 16)",
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--verify-calls", type=int, default=6, help="verify timings per repeat")
     p.add_argument("--json", default=None)
@@ -80,7 +92,7 @@ def main() -> int:
     teacher, renderer = runtime.load_teacher(), runtime.load_renderer()
     prompt = renderer.encode([{"role": "user", "content": PROMPT}])
     base = SpecConfig(max_new_tokens=args.max_new_tokens)
-    if args.budget is not None:
+    if isinstance(args.budget, int):
         base = dataclasses.replace(base, budget=args.budget)
     methods = {}
     for entry in args.methods.split(","):
@@ -88,7 +100,9 @@ def main() -> int:
         method_name = entry.removesuffix(EVERY_LEVEL)
         name, _ = split_method(method_name)
         spec = dataclasses.replace(base, policy=POLICIES.get(name, "best_first"))
-        method = make_method(method_name, spec, default_depth=True)
+        method = make_method(
+            method_name, spec, default_depth=True, default_budget=args.budget == "auto"
+        )
         if entry != method_name:
             if not hasattr(method.drafter, "early_stop"):
                 raise SystemExit(f"{name} has no early stop to turn off")

@@ -3,6 +3,7 @@ with its own stored temperatures; a checkpoint it cannot run is refused by name.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -76,3 +77,31 @@ def test_a_negative_conversation_count_is_refused(script, tmp_path, capsys):
             ["--per-category", "-1", "--checkpoint", str(SHIPPED), "--json", str(tmp_path / "r")]
         )
     assert exc.value.code == 2 and "--per-category must be >= 0" in capsys.readouterr().err
+
+
+def _methods(script, budget):
+    args = argparse.Namespace(
+        budget=budget, policy="best_first", max_new_tokens=16, checkpoint=[str(SHIPPED)]
+    )
+    return script.head_methods(argparse.ArgumentParser(), args)
+
+
+def test_budget_auto_runs_every_head_at_the_shipped_default_tree(script):
+    """``--budget auto``: the shipped head and each checkpoint draft the tree a user gets by
+    default (one node, one level deep), a number keeps the depth the drafter comes with."""
+    from eaglepangu_jax.methods.registry import DRAFTER_BUDGETS
+
+    nodes = DRAFTER_BUDGETS["block"]
+    greedy, shipped, ours = _methods(script, "auto")
+    assert greedy.drafter is None
+    for method in (shipped, ours):
+        assert (method.spec.budget, method.spec.depth) == (nodes, nodes)
+        assert method.drafter.depth == nodes
+    _, shipped8, ours8 = _methods(script, 8)
+    assert shipped8.spec.budget == ours8.spec.budget == 8
+    assert shipped8.drafter.depth == ours8.drafter.depth > nodes
+
+
+def test_a_budget_below_one_is_refused(script, tmp_path, capsys):
+    err = refusal(script, ["--budget", "0", "--checkpoint", str(SHIPPED)], tmp_path, capsys)
+    assert "--budget" in err
