@@ -50,6 +50,7 @@ __all__ = [
     "from_choices",
     "from_paths",
     "keep_best",
+    "widen",
     "check",
     "is_valid",
     "InvalidTreeError",
@@ -364,6 +365,30 @@ def keep_best(tree: Tree, n: Int[ArrayLike, ""]) -> Tree:
         live,
         jnp.where(live, tree.logscore[old_slot], -jnp.inf),
         tree.max_depth,
+    )
+
+
+def widen(tree: Tree, num_slots: int, max_depth: int) -> Tree:
+    """``tree`` with padding slots appended up to ``num_slots`` and its ancestor table cut for
+    ``max_depth``: the same nodes in the same slots, in the static shape another tree has (so
+    that one of two trees can be picked by ``where``).
+
+    Raises:
+      ValueError: ``num_slots`` or ``max_depth`` below the tree's own (nothing is dropped).
+    """
+    n = tree.num_slots
+    if num_slots < n or max_depth < tree.max_depth:
+        raise ValueError(
+            f"cannot widen a tree of {n} slots / depth {tree.max_depth} to {num_slots} slots / "
+            f"depth {max_depth}: a tree is widened, never cut"
+        )
+    extra = num_slots - n
+    return _assemble(
+        jnp.concatenate([tree.tokens, jnp.zeros((extra,), jnp.int32)]),
+        jnp.concatenate([tree.parents, jnp.zeros((extra,), jnp.int32)]),
+        jnp.concatenate([tree.valid, jnp.zeros((extra,), bool)]),
+        jnp.concatenate([tree.logscore, jnp.full((extra,), -jnp.inf, jnp.float32)]),
+        max_depth,
     )
 
 

@@ -313,3 +313,48 @@ def test_keep_best_matches_oracle(data, own, n):
 
     for new, old in enumerate(expected, start=1):
         assert token_path(k, new) == token_path(t, old)
+
+
+# ----------------------------------------------------------------------------- widen
+
+
+def test_widen_literal():
+    # root -> 1 -> 2 at depth 2, widened to 5 slots and depth 4: two padding slots appended.
+    t = T.from_parents([0, 0, 1], tokens=[9, 11, 12], logscore=[0.0, -0.5, -1.0], max_depth=2)
+    w = T.widen(t, 5, 4)
+    assert (w.num_slots, w.max_depth) == (5, 4)
+    np.testing.assert_array_equal(w.valid, [True, True, True, False, False])
+    np.testing.assert_array_equal(w.tokens, [9, 11, 12, 0, 0])
+    np.testing.assert_array_equal(w.parents, [0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(w.depth, [0, 1, 2, 1, 1])
+    np.testing.assert_array_equal(w.ancestors[2], [0, 1, 2, 2, 2])
+    np.testing.assert_allclose(w.logscore[:3], [0.0, -0.5, -1.0])
+    assert np.all(np.isneginf(np.asarray(w.logscore[3:])))
+    assert bool(T.is_valid(w))
+
+
+def test_widen_never_cuts():
+    t = T.chain(4)
+    with pytest.raises(ValueError, match="never cut"):
+        T.widen(t, 3, t.max_depth)
+    with pytest.raises(ValueError, match="never cut"):
+        T.widen(t, 8, t.max_depth - 1)
+
+
+_widen_jit = jax.jit(T.widen, static_argnums=(1, 2))
+
+
+@given(valid_parents(max_n=8), st.integers(0, 6), st.integers(0, 3))
+def test_widen_keeps_every_node_and_its_path(data, extra_slots, extra_depth):
+    """Widening appends padding only: the first slots keep their tokens, parents, depths,
+    scores and ancestors (cut at the old depth), the tree stays valid."""
+    parents, valid = data
+    tokens = np.arange(100, 108, dtype=np.int32)
+    scores = -np.arange(8, dtype=np.float32) / 4
+    t = _from_parents_jit(parents, tokens=tokens, valid=valid, logscore=scores, max_depth=8)
+    w = _widen_jit(t, 8 + extra_slots, 8 + extra_depth)
+    assert bool(_is_valid_jit(w))
+    for field in ("tokens", "parents", "valid", "depth", "logscore"):
+        np.testing.assert_array_equal(getattr(w, field)[:8], getattr(t, field))
+    np.testing.assert_array_equal(w.ancestors[:8, :9], t.ancestors)
+    assert not np.any(np.asarray(w.valid[8:]))

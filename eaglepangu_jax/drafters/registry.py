@@ -15,6 +15,7 @@ from typing import Any
 from eaglepangu_jax.drafters.block import BlockDrafter
 from eaglepangu_jax.drafters.draft_target import DraftTargetDrafter
 from eaglepangu_jax.drafters.eagle3 import Eagle3Drafter
+from eaglepangu_jax.drafters.fallback import FallbackDrafter
 from eaglepangu_jax.drafters.ngram import NGramDrafter
 from eaglepangu_jax.drafters.ngram_corpus import CorpusNGramDrafter
 
@@ -37,6 +38,8 @@ DRAFTERS: dict[str, type] = {
     "draft-target": DraftTargetDrafter,  # an independent draft LM (truncated teacher: methods)
     "draft-distilled": DraftTargetDrafter,  # the same with the shipped distilled draft model
     "mtp": Eagle3Drafter,  # single-token speculation: the EAGLE-3 head at depth 1 (drafters/mtp)
+    # n-gram's tree when the context has a match, else the shipped EAGLE-3 head's one node
+    "ngram-eagle3": FallbackDrafter,
 }
 NAMES: tuple[str, ...] = tuple(DRAFTERS)
 # Drafters whose weights ship with the library (loaded by :func:`load_shipped`).
@@ -100,7 +103,11 @@ def load_shipped(name: str, **kwargs: Any) -> tuple[Any, Any]:
 
 
 def configure_drafter(drafter: Any, *, budget: int, depth: int) -> Any:
-    """``drafter`` with its ``budget`` / ``depth`` hyper-parameters set, where it has them."""
+    """``drafter`` with its ``budget`` / ``depth`` hyper-parameters set, where it has them
+    (a drafter made of others, such as :class:`~.fallback.FallbackDrafter`, sets its parts')."""
+    configured = getattr(drafter, "configured", None)
+    if configured is not None:
+        return configured(budget=budget, depth=depth, configure=configure_drafter)
     if not dataclasses.is_dataclass(drafter):
         return drafter
     fields = {f.name for f in dataclasses.fields(drafter) if f.init}

@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from eaglepangu_jax.budget import NOMINAL_BANDWIDTH, NOMINAL_PEAK_FLOPS
 from eaglepangu_jax.drafters import draft_target
+from eaglepangu_jax.drafters.fallback import FallbackDrafter
 from eaglepangu_jax.drafters.registry import (
     MARGINAL,
     DrafterUnavailableError,
@@ -50,6 +51,7 @@ __all__ = [
     "load_block",
     "DRAFT_TARGET",
     "DRAFT_DISTILLED",
+    "NGRAM_EAGLE3",
     "load_truncated_draft",
     "make_method",
 ]
@@ -57,6 +59,7 @@ __all__ = [
 REFERENCE = "greedy"
 DRAFT_TARGET = "draft-target"  # built on the real teacher, truncated (load_truncated_draft)
 DRAFT_DISTILLED = "draft-distilled"  # the shipped distilled draft model, same drafter
+NGRAM_EAGLE3 = "ngram-eagle3"  # n-gram's tree, or EAGLE-3's where n-gram has none
 # Peers: other implementations decoding the same GGUF file, run beside ours; the value is the
 # prompt-lookup candidate count (None: plain greedy).
 PEER_METHODS = {"transformers-greedy": None, "transformers-pld": peers.PROMPT_LOOKUP_TOKENS}
@@ -315,6 +318,16 @@ def _make_method(
         drafter, params = make_drafter("ngram", depth=spec.depth, budget=spec.budget), None
     elif name == "ngram-corpus":
         drafter, params = load_shipped(name, depth=spec.depth, budget=spec.budget)
+    elif name == NGRAM_EAGLE3:
+        # The n-gram tree at the run's budget and depth; in rounds without a match the head
+        # drafts the tree it pays most at when alone (one node).
+        head, head_params = (eagle3_loader or load_eagle3)()
+        own = DRAFTER_BUDGETS["eagle3"]
+        drafter = FallbackDrafter(
+            primary=make_drafter("ngram", depth=spec.depth, budget=spec.budget),
+            fallback=configure_drafter(head, budget=own, depth=own),
+        ).configured(budget=spec.budget, depth=spec.depth, configure=configure_drafter)
+        params = {"primary": None, "fallback": head_params}
     elif name == "mtp":  # one drafted token per round, whatever the spec's tree settings
         drafter, params = load_shipped("mtp")
         spec = dataclasses.replace(spec, budget=1, depth=1)
