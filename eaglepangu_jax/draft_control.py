@@ -286,16 +286,20 @@ def decide(
     config: ControlConfig,
     verify_latency: Float[ArrayLike, " N+1"],
     t_draft: Scalar,
+    *,
+    every_round: bool = False,
 ) -> tuple[Bool[Array, ""], Bool[Array, ""]]:
     """``(draft this round, as an exploration probe)`` (jittable): :func:`should_draft`, and
     whether the round is a probe that verifies on the drafter's own scores. A due probe
     explores unless the statistics say speculation pays anyway; for a free drafter those
     averages decide nothing and go stale while its proposals are pruned to nothing, so its
-    due probes always explore."""
+    due probes always explore. ``every_round`` (static): the drafter proposes every round as
+    a free one does, whatever it costs (see
+    :func:`eaglepangu_jax.engine.drafter.proposes_every_round`)."""
     verify_latency = jnp.asarray(verify_latency, jnp.float32)
     t_draft = jnp.asarray(t_draft, jnp.float32)
     pays = speculation_pays(stats.accepted_ema, stats.nodes_ema, verify_latency, t_draft)
-    free = drafts_freely(config, verify_latency, t_draft)
+    free = drafts_freely(config, verify_latency, t_draft) | every_round
     probe = _probe_due(stats, config)
     return pays | probe | free, probe & (~pays | free)
 

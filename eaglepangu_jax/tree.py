@@ -51,6 +51,7 @@ __all__ = [
     "from_paths",
     "keep_best",
     "widen",
+    "add_root_children",
     "check",
     "is_valid",
     "InvalidTreeError",
@@ -389,6 +390,57 @@ def widen(tree: Tree, num_slots: int, max_depth: int) -> Tree:
         jnp.concatenate([tree.valid, jnp.zeros((extra,), bool)]),
         jnp.concatenate([tree.logscore, jnp.full((extra,), -jnp.inf, jnp.float32)]),
         max_depth,
+    )
+
+
+def add_root_children(
+    tree: Tree,
+    tokens: Int[ArrayLike, " K"],
+    logscore: Float[ArrayLike, " K"],
+    keep: Bool[ArrayLike, " K"],
+) -> Tree:
+    """``tree`` with the candidates ``keep`` marks added as children of the root, in its padding
+    slots (jittable).
+
+    Candidates go, in their order, to the padding slots in slot order; a candidate whose token
+    is already a root child's is skipped (the tree holds that path), a token given twice enters
+    once, and candidates beyond the free slots are dropped. A tree whose nodes fill its front
+    slots (every drafter's here) stays packed. Example: root children ``[7, 9]`` in slots 1-2
+    of a 5-slot tree, candidates ``[9, 4, 6]``: 9 is skipped, 4 goes to slot 3, 6 to slot 4.
+
+    Args:
+      tree: any valid tree.
+      tokens, logscore: ``[K]`` the candidates' tokens and (cumulative = own, at depth 1) scores.
+      keep: ``[K]`` which candidates are real.
+
+    Returns:
+      A tree of the same static shape.
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    logscore = jnp.asarray(logscore, jnp.float32)
+    keep = jnp.asarray(keep, bool)
+    k = tokens.shape[0]
+    if k == 0:
+        return tree
+    children = tree.valid & (tree.depth == 1)
+    held = jnp.any(children[None, :] & (tree.tokens[None, :] == tokens[:, None]), axis=1)
+    keep = keep & ~held
+    # A token given twice enters once (the first time).
+    earlier = jnp.arange(k)[None, :] < jnp.arange(k)[:, None]  # [j, i]: i comes before j
+    again = jnp.any(earlier & keep[None, :] & (tokens[None, :] == tokens[:, None]), axis=1)
+    keep = keep & ~again
+    # The r-th free slot takes the r-th kept candidate.
+    order = jnp.argsort(~keep, stable=True).astype(jnp.int32)  # kept candidates first
+    free = ~tree.valid
+    free_rank = jnp.cumsum(free.astype(jnp.int32)) - 1
+    fill = free & (free_rank < jnp.sum(keep.astype(jnp.int32)))
+    source = order[jnp.clip(free_rank, 0, k - 1)]
+    return _assemble(
+        jnp.where(fill, tokens[source], tree.tokens),
+        jnp.where(fill, 0, tree.parents),
+        tree.valid | fill,
+        jnp.where(fill, logscore[source], tree.logscore),
+        tree.max_depth,
     )
 
 

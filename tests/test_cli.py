@@ -281,7 +281,7 @@ def test_demo_runs_each_drafter_at_its_default_budget():
     (methods.DRAFTER_BUDGETS) runs at it, the others at the run's default budget (the block
     drafter ran at 8 nodes here until session 41, though its default was one)."""
     methods = {m.name: m for m in cli_bench.demo_methods()}
-    assert list(methods) == ["greedy", "eagle3", "ngram", "ngram-corpus", "block"]
+    assert list(methods) == ["greedy", "eagle3", "ngram", "ngram-corpus", "block", "ngram-eagle3"]
     for name, method in methods.items():
         if name == "greedy":
             continue

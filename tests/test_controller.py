@@ -243,6 +243,42 @@ def test_free_drafter_proposes_every_round_and_the_budget_decides(teacher, greed
         assert sum(late) >= 1, "exploration probes must keep retrying the drafter"
 
 
+@dataclasses.dataclass(frozen=True)
+class EveryRoundTable(TableDrafter):
+    """The table drafter declaring that the controller must let it propose every round."""
+
+    proposes_every_round: bool = True
+
+
+def test_a_costly_drafter_that_proposes_every_round_runs_in_every_round(teacher, greedy):
+    """``proposes_every_round`` (the n-gram + head pair): at a drafting cost the gate would
+    weigh, the drafter still runs in every round, and the node budget decides what is
+    verified: the never-matching table verifies nodes only in rare probes, as the free
+    drafter does, where without the flag it would not even run (the first test above)."""
+    plain = greedy(tuple(PROMPT))
+    unused = sorted(set(range(CFG.vocab_size)) - set(plain))
+    drafter = EveryRoundTable(prompt_len=len(PROMPT))
+    assert not bool(
+        draft_control.drafts_freely(draft_control.ControlConfig(), CURVE, DRAFT_SECONDS)
+    )
+    result, calls = calls_during(
+        lambda: engine.generate(
+            teacher,
+            drafter,
+            PROMPT,
+            spec(),
+            draft_params=table([unused[0]] * TABLE_SIZE),
+            verify_latency=CURVE,
+            draft_seconds=DRAFT_SECONDS,
+        )
+    )
+    assert result.tokens == plain
+    assert drafted_rounds(result, calls) == list(range(result.stats.rounds))
+    late = speculated(result)[WARM_UP:]
+    assert sum(late) < 0.1 * len(late), f"speculated in {sum(late)} of {len(late)} rounds"
+    assert sum(late) >= 1, "exploration probes must keep retrying the drafter"
+
+
 def test_a_drafter_that_cannot_pay_even_as_an_oracle_never_runs(teacher, greedy):
     """Drafting that costs more than ``DEPTH`` accepted tokens save (the truncated-teacher
     draft on this machine class): the call decodes plainly and never runs the drafter, not

@@ -60,6 +60,7 @@ def _assert_same_tree(got, want):
         np.testing.assert_array_equal(np.asarray(getattr(got, field)), getattr(want, field))
 
 
+@pytest.mark.parametrize("graft", [True, False])
 @pytest.mark.parametrize(
     "tokens, matched",
     [
@@ -67,9 +68,11 @@ def _assert_same_tree(got, want):
         ([5, 9, 13, 17, 21, 25, 29, 33], False),  # no token repeats: no n-gram match
     ],
 )
-def test_the_primary_tree_when_it_has_a_node_else_the_fallback_tree(tiny, tokens, matched):
+def test_the_primary_tree_when_it_has_a_node_else_the_fallback_tree(tiny, tokens, matched, graft):
+    """With a match: n-gram's tree, plus (``graft``) the head's node in its first free slot;
+    without: the head's tree, widened to n-gram's shape."""
     _, head_cfg, head_params = tiny
-    drafter = _pair(head_cfg)
+    drafter = dataclasses.replace(_pair(head_cfg), graft=graft)
     params = {"primary": None, "fallback": head_params}
     ctx = _context(head_cfg, tokens)
     state = jax.jit(drafter.init_state)(params, ctx)
@@ -77,10 +80,25 @@ def test_the_primary_tree_when_it_has_a_node_else_the_fallback_tree(tiny, tokens
     ngram = drafter.primary.propose(None, None, ctx, jax.random.key(0)).tree
     assert bool(jnp.any(ngram.valid[1:])) == matched
     head_tree = drafter.fallback.propose(head_params, state[1], ctx, jax.random.key(0)).tree
-    want = ngram if matched else tree_lib.widen(head_tree, ngram.num_slots, ngram.max_depth)
+    head_wide = tree_lib.widen(head_tree, ngram.num_slots, ngram.max_depth)
     assert (got.num_slots, got.max_depth) == (7, 4)
-    _assert_same_tree(got, want)
-    assert int(jnp.sum(got.valid[1:])) == (int(jnp.sum(ngram.valid[1:])) if matched else 1)
+    if not matched:
+        _assert_same_tree(got, head_wide)
+        return
+    m = int(jnp.sum(ngram.valid[1:]))
+    assert m + 1 < ngram.num_slots and bool(jnp.all(ngram.valid[: m + 1]))  # room left
+    # The n-gram nodes are kept as they were.
+    for field in ("tokens", "parents", "valid", "depth", "logscore"):
+        np.testing.assert_array_equal(getattr(got, field)[: m + 1], getattr(ngram, field)[: m + 1])
+    head_token = int(head_tree.tokens[1])
+    held = head_token in {
+        int(t) for t, d, v in zip(ngram.tokens, ngram.depth, ngram.valid) if v and d == 1
+    }
+    added = graft and not held
+    assert int(jnp.sum(got.valid[1:])) == m + added
+    if added:
+        assert (int(got.tokens[m + 1]), int(got.parents[m + 1])) == (head_token, 0)
+        assert float(got.logscore[m + 1]) == float(head_tree.logscore[1])
 
 
 @pytest.mark.parametrize("policy", ["drafter", "best_first"])
@@ -169,3 +187,22 @@ def test_ngram_eagle3_method_pairs_ngram_with_the_head_at_its_own_default_tree(t
     assert method.draft_params == {"primary": None, "fallback": head_params}
     deep = make_method("ngram-eagle3:3", spec, eagle3_loader=loader)
     assert (deep.spec.depth, deep.drafter.primary.depth, deep.drafter.fallback.depth) == (3, 3, 1)
+
+
+def test_the_retrieval_drafter_of_a_pair_is_built_as_it_runs_alone(tiny):
+    """Each ``HEAD_PAIRS`` method's primary is the drafter its retrieval method builds alone
+    at the same settings (same tree, same params)."""
+    from eaglepangu_jax.methods.registry import HEAD_PAIRS
+
+    _, head_cfg, head_params = tiny
+
+    def loader():
+        return eagle3.Eagle3Drafter(config=head_cfg), head_params
+
+    assert HEAD_PAIRS == {"ngram-eagle3": "ngram"}
+    for pair_name, retrieval in HEAD_PAIRS.items():
+        spec = SpecConfig(budget=8, depth=5)
+        pair = make_method(pair_name, spec, eagle3_loader=loader)
+        alone = make_method(retrieval, spec)
+        assert pair.drafter.primary == alone.drafter
+        assert pair.draft_params["primary"] is alone.draft_params

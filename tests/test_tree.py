@@ -358,3 +358,71 @@ def test_widen_keeps_every_node_and_its_path(data, extra_slots, extra_depth):
         np.testing.assert_array_equal(getattr(w, field)[:8], getattr(t, field))
     np.testing.assert_array_equal(w.ancestors[:8, :9], t.ancestors)
     assert not np.any(np.asarray(w.valid[8:]))
+
+
+# ----------------------------------------------------------------------------- add_root_children
+
+
+def test_add_root_children_literal():
+    # Root children 7 (slot 1) and 9 (slot 2), 7 -> 8 (slot 3); slots 4-5 are padding.
+    # Candidates [9, 4, 6, 2] (the last not kept): 9 is held, 4 -> slot 4, 6 -> slot 5.
+    t = T.from_parents(
+        [0, 0, 0, 1, 0, 0],
+        tokens=[1, 7, 9, 8, 0, 0],
+        valid=[True, True, True, True, False, False],
+        logscore=[0.0, -0.1, -0.2, -0.3, 0.0, 0.0],
+        max_depth=3,
+    )
+    got = T.add_root_children(t, [9, 4, 6, 2], [-0.5, -0.6, -0.7, -0.8], [True, True, True, False])
+    np.testing.assert_array_equal(got.valid, [True] * 6)
+    np.testing.assert_array_equal(got.tokens, [1, 7, 9, 8, 4, 6])
+    np.testing.assert_array_equal(got.parents, [0, 0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(got.depth, [0, 1, 1, 2, 1, 1])
+    np.testing.assert_allclose(got.logscore, [0.0, -0.1, -0.2, -0.3, -0.6, -0.7])
+    assert bool(T.is_valid(got))
+    # No free slot: nothing changes; no candidate: nothing changes.
+    full = T.add_root_children(got, [3], [-0.1], [True])
+    np.testing.assert_array_equal(full.tokens, got.tokens)
+    none = T.add_root_children(
+        t, jnp.zeros((0,), jnp.int32), jnp.zeros((0,)), jnp.zeros((0,), bool)
+    )
+    np.testing.assert_array_equal(none.valid, t.valid)
+
+
+_add_root_children_jit = jax.jit(T.add_root_children)
+
+
+@given(
+    valid_parents(max_n=8),
+    st.lists(st.integers(0, 5), min_size=4, max_size=4),
+    st.lists(st.booleans(), min_size=4, max_size=4),
+)
+def test_add_root_children_matches_oracle(data, candidates, keep):
+    """Oracle: the kept candidates whose token no root child has (nor an earlier added
+    candidate), in order, fill the padding slots in slot order until none is left; every
+    original node is unchanged and the tree stays valid."""
+    parents, valid = data
+    tokens = np.asarray([9, 1, 2, 3, 4, 5, 1, 2], np.int32)
+    t = _from_parents_jit(parents, tokens=tokens, valid=valid, max_depth=8)
+    scores = -np.arange(1, 5, dtype=np.float32)
+    got = _add_root_children_jit(t, np.asarray(candidates, np.int32), scores, np.asarray(keep))
+    assert bool(_is_valid_jit(got))
+    held = {int(tokens[i]) for i in range(1, 8) if valid[i] and parents[i] == 0}
+    todo = []
+    for c, s, k in zip(candidates, scores, keep):
+        if k and c not in held:
+            todo.append((c, s))
+            held.add(c)
+    free = [i for i in range(1, 8) if not valid[i]]
+    expected_tokens, expected_valid = tokens.copy(), valid.copy()
+    for slot, (c, _) in zip(free, todo):
+        expected_tokens[slot], expected_valid[slot] = c, True
+    np.testing.assert_array_equal(np.asarray(got.valid), expected_valid)
+    np.testing.assert_array_equal(
+        np.asarray(got.tokens)[expected_valid], expected_tokens[expected_valid]
+    )
+    for slot, (_, s) in zip(free, todo):
+        assert int(got.parents[slot]) == 0 and float(got.logscore[slot]) == s
+    for i in range(8):
+        if valid[i]:
+            assert int(got.parents[i]) == int(t.parents[i])

@@ -122,7 +122,8 @@ def add_demo_parser(sub) -> argparse.ArgumentParser:
         formatter_class=args_lib.Formatter,
         help="a few-minute side-by-side demo",
         description=f"Greedy vs the shipped drafter (eagle3 if available, else ngram),\n"
-        f"ngram, ngram-corpus and block on {len(DEMO_TURNS)} short turns (MT-Bench and "
+        f"ngram, ngram-corpus, block and ngram-eagle3 on {len(DEMO_TURNS)} short turns "
+        f"(MT-Bench and "
         f"HumanEval), "
         f"{DEMO_MAX_NEW_TOKENS} new tokens each.\n"
         f"Prints tokens/s, speed-up over greedy, accepted length and whether each\n"
@@ -227,14 +228,15 @@ def demo_conversations() -> list[Conversation]:
 
 def demo_methods() -> list[Method]:
     """The demo's methods at the settings a user gets by default: greedy, the shipped EAGLE-3
-    head, n-gram, ngram-corpus and the block drafter, each at its own default depth and
-    budget (:data:`~eaglepangu_jax.methods.registry.DRAFTER_BUDGETS`). A shipped drafter
-    whose files are missing or corrupt is left out with a note."""
+    head, n-gram, ngram-corpus, the block drafter and ngram-eagle3 (n-gram's tree with the
+    head's node), each at its own default depth and budget
+    (:data:`~eaglepangu_jax.methods.registry.DRAFTER_BUDGETS`). A shipped drafter whose files
+    are missing or corrupt is left out with a note."""
     spec = SpecConfig(
         budget=DEFAULT_BUDGET, depth=DEFAULT_DEPTH, max_new_tokens=DEMO_MAX_NEW_TOKENS
     )
     methods = [make_method("greedy", spec)]
-    for name in ("eagle3", "ngram", "ngram-corpus", "block"):
+    for name in ("eagle3", "ngram", "ngram-corpus", "block", "ngram-eagle3"):
         try:
             methods.append(make_method(name, spec, default_depth=True, default_budget=True))
         except (ValueError, DrafterUnavailableError) as err:

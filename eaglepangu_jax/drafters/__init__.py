@@ -10,6 +10,9 @@
   speculation); :func:`truncated_teacher` makes a training-free draft, :func:`load_draft_target`
   the real teacher's, :func:`load_shipped_draft_distilled` the shipped distilled draft model
   (:class:`DraftModelConfig`).
+* :class:`FallbackDrafter`: one drafter's tree when it has one, another's otherwise (the
+  ``ngram-eagle3`` method: n-gram's tree, and the EAGLE-3 head's node where n-gram has no
+  match or room left).
 
 :mod:`~eaglepangu_jax.drafters.registry` lists them by name;
 :mod:`~eaglepangu_jax.drafters.checkpoint` reads and writes trained heads.
@@ -25,6 +28,7 @@ from eaglepangu_jax.drafters.draft_target import (
 )
 from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig
 from eaglepangu_jax.drafters.eagle3 import Eagle3Drafter, load_shipped_eagle3
+from eaglepangu_jax.drafters.fallback import FallbackDrafter
 from eaglepangu_jax.drafters.ngram import NGramDrafter
 from eaglepangu_jax.drafters.ngram_corpus import CorpusNGramDrafter, load_shipped_ngram_corpus
 from eaglepangu_jax.drafters.registry import (
@@ -45,6 +49,7 @@ __all__ = [
     "DraftModelConfig",
     "DraftTargetDrafter",
     "Eagle3Drafter",
+    "FallbackDrafter",
     "NGramDrafter",
     "configure_drafter",
     "load_checkpoint",

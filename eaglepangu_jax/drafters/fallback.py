@@ -8,13 +8,26 @@ two averaged 1.83x where either alone gave 1.64x (n-gram) and 1.43x (EAGLE-3), a
 was the better one on 59% of the turns: they pay on different text.
 
 :class:`FallbackDrafter` takes the first drafter's tree in every round where it holds a node,
-and the second's in the others. Both proposals are made every round and one is selected by a
-``where``: the second drafter's proposal at one node is the top-1 of the hidden state its
-update already computed, so skipping it would save nothing, and its state must follow every
-accepted token anyway (:meth:`update` feeds both drafters). The second tree is widened to the
-first's slots and depth (:func:`~eaglepangu_jax.tree.widen`), so the engine sees one tree
-shape. Node scores are each drafter's own; under the controller the online calibration of
+and the second's in the others. Where the first tree has padding slots left, the second
+drafter's root children also go there (``graft``; :func:`~eaglepangu_jax.tree.
+add_root_children`, which skips a token the tree already has at depth 1), so a round whose
+retrieved paths are wrong from their first token can still accept the head's guess.
+
+Both proposals are made every round and combined by ``where``: the second drafter's proposal
+at one node is the top-1 of the hidden state its update already computed, so skipping it
+would save nothing, and its state must follow every accepted token anyway (:meth:`update`
+feeds both drafters). The second tree is widened to the first's slots and depth
+(:func:`~eaglepangu_jax.tree.widen`), so the engine sees one tree shape. Node scores are each
+drafter's own; under the controller the online calibration of
 :mod:`eaglepangu_jax.draft_control` corrects them in the same probability bins.
+
+**Under the controller the pair proposes every round** (``proposes_every_round``), as a free
+drafter does, and the node budget decides on each proposal what is verified. The gate
+before drafting would decide from averages over all speculative rounds, which mix the n-gram
+drafter's long trees with the head's single nodes and describe neither: gated, the pair
+drafted in 32% of the dev suite's rounds and ran 1.53x against n-gram's 1.57x alone (one
+run, session 42). The price is the head's update in every round (about 11% of a plain step
+on 2 CPU cores), which EAGLE-3 alone pays in all but a few rounds here anyway.
 
 Both drafters must propose ready trees (no marginals) with deterministic children (no
 ``draft_probs``): a sampled tree's acceptance rule needs the distribution its children were
@@ -44,12 +57,18 @@ class FallbackDrafter:
       primary: the drafter tried first (its ``budget`` and depth set the tree's shape).
       fallback: the drafter whose tree is used in rounds where ``primary``'s is empty; its
         trees hold no more nodes and are no deeper than ``primary``'s.
+      graft: also add ``fallback``'s root children to ``primary``'s tree, in its free slots.
+      proposes_every_round: the controller lets the pair propose in every round (see the
+        module docstring and :func:`~eaglepangu_jax.engine.drafter.proposes_every_round`);
+        False gates it like any costly drafter.
 
     Params are ``{"primary": ..., "fallback": ...}``, the state the pair of their states.
     """
 
     primary: Any
     fallback: Any
+    graft: bool = True
+    proposes_every_round: bool = True
 
     def __post_init__(self):
         for role in ("primary", "fallback"):
@@ -96,7 +115,8 @@ class FallbackDrafter:
     def configured(self, *, budget: int, depth: int, configure) -> "FallbackDrafter":
         """The pair at a run's ``budget`` and ``depth``: the primary takes both, the fallback
         keeps its own tree where that is smaller (``configure`` sets one drafter's)."""
-        return FallbackDrafter(
+        return dataclasses.replace(
+            self,
             primary=configure(self.primary, budget=budget, depth=depth),
             fallback=configure(
                 self.fallback,
@@ -132,5 +152,8 @@ class FallbackDrafter:
                 )
         own = first.tree
         other = tree_lib.widen(second.tree, own.num_slots, own.max_depth)
-        has_node = jnp.any(own.valid[1:])
+        if self.graft:
+            children = other.valid & (other.depth == 1)
+            own = tree_lib.add_root_children(own, other.tokens, other.logscore, children)
+        has_node = jnp.any(first.tree.valid[1:])
         return Proposal(tree=jax.tree.map(lambda a, b: jnp.where(has_node, a, b), own, other))

@@ -38,7 +38,7 @@ DRAFTERS: dict[str, type] = {
     "draft-target": DraftTargetDrafter,  # an independent draft LM (truncated teacher: methods)
     "draft-distilled": DraftTargetDrafter,  # the same with the shipped distilled draft model
     "mtp": Eagle3Drafter,  # single-token speculation: the EAGLE-3 head at depth 1 (drafters/mtp)
-    # n-gram's tree when the context has a match, else the shipped EAGLE-3 head's one node
+    # n-gram's tree with the shipped EAGLE-3 head's node beside it, or alone without a match
     "ngram-eagle3": FallbackDrafter,
 }
 NAMES: tuple[str, ...] = tuple(DRAFTERS)

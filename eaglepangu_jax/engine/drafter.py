@@ -31,6 +31,7 @@ __all__ = [
     "StatelessDrafter",
     "FeatureHeadDrafter",
     "max_nodes_of",
+    "proposes_every_round",
     "costliest",
     "fit_budget",
     "fit_curve",
@@ -87,6 +88,10 @@ class Drafter(Protocol):
     # hold ``depth * top_k``). Such a drafter's tree has ``max_nodes + 1`` slots and the engine
     # verifies no more (:func:`fit_budget`). Drafters without it fill the run's budget.
     #
+    # Optional: ``proposes_every_round``, True when the controller must let it propose in
+    # every round and decide on the proposal, as for a drafter that drafts for free
+    # (:func:`proposes_every_round`).
+    #
     # Optional: ``early_stop``, a bool field: True when the drafter's cost varies from round
     # to round because it stops growing a tree whose deeper levels could not change it
     # (EAGLE-3). Calibration times it with the field False (:func:`costliest`).
@@ -136,6 +141,17 @@ class FeatureHeadDrafter:
 def max_nodes_of(drafter: Any) -> int | None:
     """The drafter's ``max_nodes`` (see :class:`Drafter`), ``None`` when it fills any budget."""
     return None if drafter is None else getattr(drafter, "max_nodes", None)
+
+
+def proposes_every_round(drafter: Any) -> bool:
+    """Whether the controller treats ``drafter`` as a free one whatever its drafting costs:
+    it proposes in every round, and the node budget decides on the proposal what is verified
+    (an empty or unpaying proposal verifies nothing). For a drafter whose rounds differ in
+    kind, such as :class:`~eaglepangu_jax.drafters.fallback.FallbackDrafter` (the n-gram
+    drafter's long trees in some rounds, a head's single node in the others): the gate before
+    drafting decides from averages over all rounds, which describe neither kind. False for
+    ``None`` and for drafters without the attribute."""
+    return bool(getattr(drafter, "proposes_every_round", False))
 
 
 def costliest(drafter: Any) -> Any:

@@ -31,7 +31,7 @@ from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.cache import KVCache
 from eaglepangu_jax.engine import policies
 from eaglepangu_jax.engine.config import SpecConfig
-from eaglepangu_jax.engine.drafter import Proposal, fit_budget, fit_curve
+from eaglepangu_jax.engine.drafter import Proposal, fit_budget, fit_curve, proposes_every_round
 from eaglepangu_jax.engine.state import DecodeState
 from eaglepangu_jax.engine.verification import (
     accept,
@@ -276,7 +276,13 @@ def decide(
     (:func:`eaglepangu_jax.draft_control.drafts_freely`: the node budget then decides)."""
     if verify_latency is None:
         raise ValueError("policy 'auto' needs the verify latency curve (a calibration)")
-    return draft_control.decide(state.control, static.control, verify_latency, draft_seconds)
+    return draft_control.decide(
+        state.control,
+        static.control,
+        verify_latency,
+        draft_seconds,
+        every_round=proposes_every_round(static.drafter),
+    )
 
 
 def speculated(
@@ -296,7 +302,7 @@ def speculated(
         static.control,
         jnp.asarray(verify_latency, jnp.float32),
         jnp.asarray(draft_seconds, jnp.float32),
-    )
+    ) | proposes_every_round(static.drafter)
     return drafting & ((n_nodes > 0) | ~free)
 
 

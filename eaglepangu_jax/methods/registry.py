@@ -51,7 +51,7 @@ __all__ = [
     "load_block",
     "DRAFT_TARGET",
     "DRAFT_DISTILLED",
-    "NGRAM_EAGLE3",
+    "HEAD_PAIRS",
     "load_truncated_draft",
     "make_method",
 ]
@@ -59,7 +59,11 @@ __all__ = [
 REFERENCE = "greedy"
 DRAFT_TARGET = "draft-target"  # built on the real teacher, truncated (load_truncated_draft)
 DRAFT_DISTILLED = "draft-distilled"  # the shipped distilled draft model, same drafter
-NGRAM_EAGLE3 = "ngram-eagle3"  # n-gram's tree, or EAGLE-3's where n-gram has none
+# Retrieval first, the EAGLE-3 head's node beside or instead (drafters.fallback): method ->
+# the retrieval drafter. ngram-corpus with the head was slower than ngram-corpus alone (dev
+# suite 1.60x vs 1.70x, session 42: its table proposes in almost every round, so the head's
+# update is paid for little), so only n-gram has a pair.
+HEAD_PAIRS = {"ngram-eagle3": "ngram"}
 # Peers: other implementations decoding the same GGUF file, run beside ours; the value is the
 # prompt-lookup candidate count (None: plain greedy).
 PEER_METHODS = {"transformers-greedy": None, "transformers-pld": peers.PROMPT_LOOKUP_TOKENS}
@@ -318,16 +322,18 @@ def _make_method(
         drafter, params = make_drafter("ngram", depth=spec.depth, budget=spec.budget), None
     elif name == "ngram-corpus":
         drafter, params = load_shipped(name, depth=spec.depth, budget=spec.budget)
-    elif name == NGRAM_EAGLE3:
-        # The n-gram tree at the run's budget and depth; in rounds without a match the head
-        # drafts the tree it pays most at when alone (one node).
+    elif name in HEAD_PAIRS:
+        # The retrieval tree at the run's budget and depth; the head adds the tree it pays
+        # most at when alone (one node).
+        retrieval = _make_method(
+            HEAD_PAIRS[name], spec, default_depth, None, torch_threads, None, None
+        )
         head, head_params = (eagle3_loader or load_eagle3)()
         own = DRAFTER_BUDGETS["eagle3"]
         drafter = FallbackDrafter(
-            primary=make_drafter("ngram", depth=spec.depth, budget=spec.budget),
-            fallback=configure_drafter(head, budget=own, depth=own),
+            primary=retrieval.drafter, fallback=configure_drafter(head, budget=own, depth=own)
         ).configured(budget=spec.budget, depth=spec.depth, configure=configure_drafter)
-        params = {"primary": None, "fallback": head_params}
+        params = {"primary": retrieval.draft_params, "fallback": head_params}
     elif name == "mtp":  # one drafted token per round, whatever the spec's tree settings
         drafter, params = load_shipped("mtp")
         spec = dataclasses.replace(spec, budget=1, depth=1)
