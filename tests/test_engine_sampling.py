@@ -206,10 +206,29 @@ DRAFT_Q = np.asarray(
     np.float32,
 )
 
+
+def _fallback_pair():
+    """The ngram-eagle3 pair on this teacher: n-gram's tree (PROMPT repeats, so it matches in
+    some rounds and not in others) with a random EAGLE-3 head's node beside it or alone."""
+    from eaglepangu_jax.drafters import eagle3
+    from eaglepangu_jax.drafters.fallback import FallbackDrafter
+    from eaglepangu_jax.drafters.ngram import NGramDrafter
+
+    embed = random_params(CFG, jax.random.key(7))["embed"]
+    head_cfg = eagle3.Eagle3Config.for_teacher(CFG, V)
+    d2t = jnp.arange(V, dtype=jnp.int32)
+    head = eagle3.init_head(head_cfg, jax.random.key(3), embed=embed, d2t=d2t)
+    pair = FallbackDrafter(
+        NGramDrafter(budget=6, depth=3), eagle3.Eagle3Drafter(config=head_cfg, budget=1, depth=1)
+    )
+    return pair, {"primary": None, "fallback": eagle3.make_params(head, embed, d2t)}
+
+
 # One compilation each (the spec is static): the deterministic-children rule at top_p = 1, the
-# sampled-children rule under a nucleus.
+# sampled-children rule under a nucleus, and a pair of drafters (deterministic children).
 CASES = {
     "fixed-tree": (DuplicateSiblingsDrafter(), None, dict(budget=8, depth=3)),
+    "fallback-pair": (*_fallback_pair(), dict(budget=6, depth=3)),
     "sampled-children-top-p": (
         SampledChildrenDrafter(),
         jnp.asarray(DRAFT_Q),
