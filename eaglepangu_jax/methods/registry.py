@@ -332,7 +332,7 @@ def _make_method(
         own = DRAFTER_BUDGETS["eagle3"]
         drafter = FallbackDrafter(
             primary=retrieval.drafter, fallback=configure_drafter(head, budget=own, depth=own)
-        ).configured(budget=spec.budget, depth=spec.depth, configure=configure_drafter)
+        )
         params = {"primary": retrieval.draft_params, "fallback": head_params}
     elif name == "mtp":  # one drafted token per round, whatever the spec's tree settings
         drafter, params = load_shipped("mtp")
