@@ -249,16 +249,22 @@ def oracle_pays(
 
 
 def drafts_freely(
-    config: ControlConfig, verify_latency: Float[ArrayLike, " N+1"], t_draft: Scalar
+    config: ControlConfig,
+    verify_latency: Float[ArrayLike, " N+1"],
+    t_draft: Scalar,
+    *,
+    every_round: bool = False,
 ) -> Bool[Array, ""]:
     """True when drafting costs at most ``config.free_draft_share`` of a plain step ``T[0]``
     (jittable): such a drafter proposes every round and the node budget decides. False when
     ``t_draft`` or ``T[0]`` is not finite or not positive (``t_draft = 0``, an unmeasured
-    cost, counts: the controller's cost model then charges nothing for drafting either)."""
+    cost, counts: the controller's cost model then charges nothing for drafting either).
+    ``every_round`` (static): the drafter proposes every round as a free one does, whatever
+    it costs (see :func:`eaglepangu_jax.engine.drafter.proposes_every_round`): always True."""
     plain = jnp.asarray(verify_latency, jnp.float32)[0]
     t_draft = jnp.asarray(t_draft, jnp.float32)
     finite = jnp.isfinite(plain) & jnp.isfinite(t_draft) & (plain > 0) & (t_draft >= 0)
-    return finite & (t_draft <= config.free_draft_share * plain)
+    return (finite & (t_draft <= config.free_draft_share * plain)) | every_round
 
 
 def _probe_due(stats: AcceptanceStats, config: ControlConfig) -> Bool[Array, ""]:
@@ -293,13 +299,11 @@ def decide(
     whether the round is a probe that verifies on the drafter's own scores. A due probe
     explores unless the statistics say speculation pays anyway; for a free drafter those
     averages decide nothing and go stale while its proposals are pruned to nothing, so its
-    due probes always explore. ``every_round`` (static): the drafter proposes every round as
-    a free one does, whatever it costs (see
-    :func:`eaglepangu_jax.engine.drafter.proposes_every_round`)."""
+    due probes always explore. ``every_round``: see :func:`drafts_freely`."""
     verify_latency = jnp.asarray(verify_latency, jnp.float32)
     t_draft = jnp.asarray(t_draft, jnp.float32)
     pays = speculation_pays(stats.accepted_ema, stats.nodes_ema, verify_latency, t_draft)
-    free = drafts_freely(config, verify_latency, t_draft) | every_round
+    free = drafts_freely(config, verify_latency, t_draft, every_round=every_round)
     probe = _probe_due(stats, config)
     return pays | probe | free, probe & (~pays | free)
 

@@ -302,7 +302,8 @@ def speculated(
         static.control,
         jnp.asarray(verify_latency, jnp.float32),
         jnp.asarray(draft_seconds, jnp.float32),
-    ) | proposes_every_round(static.drafter)
+        every_round=proposes_every_round(static.drafter),
+    )
     return drafting & ((n_nodes > 0) | ~free)
 
 
