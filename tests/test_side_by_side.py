@@ -8,6 +8,7 @@ import json
 import pytest
 from test_bench import CONVERSATIONS, SPEC, ToyRenderer, _methods, teacher  # noqa: F401
 
+from eaglepangu_jax.calibration import auto
 from eaglepangu_jax.cli import side_by_side
 from eaglepangu_jax.evaluation.suites import Conversation
 from eaglepangu_jax.methods import registry as methods_lib
@@ -62,9 +63,9 @@ def test_the_run_reads_the_suite_calibrates_the_controlled_methods_and_writes_th
     read, calibrated = [], []
     monkeypatch.setattr(side_by_side, "load_suite", lambda name: read.append(name) or suite)
     monkeypatch.setattr(
-        side_by_side,
+        auto,
         "ensure_calibration",
-        lambda t, methods, progress: calibrated.append((t, sorted(methods), progress)),
+        lambda t, methods, path, progress: calibrated.append((t, sorted(methods), progress)),
     )
     assert SPEC.policy == "auto"  # greedy, then n-gram under the controller
     fixed = methods_lib.make_method("ngram", dataclasses.replace(SPEC, policy="best_first"))
@@ -84,7 +85,7 @@ def test_the_run_reads_the_suite_calibrates_the_controlled_methods_and_writes_th
     )
     assert read == ["toy"]
     # Only the controlled method's drafting cost is asked for, under its cost key.
-    assert calibrated == [(teacher, sorted(side_by_side.controlled_methods(methods[:2])), False)]
+    assert calibrated == [(teacher, sorted(auto.controlled_methods(methods[:2])), False)]
     assert len(calibrated[0][1]) == 1
     assert [(t["conversation_id"], t["turn_index"]) for t in report["turns"]] == [
         ("a", 0),

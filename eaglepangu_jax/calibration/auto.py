@@ -7,6 +7,11 @@ corrupt, another teacher, another machine) it measures a quick one, with a progr
 and saves it atomically in its place. A drafter the saved calibration lacks is timed and
 added. ``eaglepangu calibrate`` still measures the full grid.
 
+:func:`calibrated_methods` does that for a list of methods and also sizes the drafters whose
+budget the machine may raise (:mod:`.sizing`): it measures the grid up to the default
+budget's buckets, raises their budgets, and then times their drafting at the new sizes. The
+command-line runs call it.
+
 The quick grid is what the controller reads: the verify forward at the engine's own slot
 buckets for the run's tree budget, at one attention window, plus the per-round overhead and
 each drafter's cost.
@@ -20,7 +25,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import jax
 
@@ -30,6 +35,7 @@ from eaglepangu_jax.calibration.measure import (
     measure_draft,
     progress_total,
 )
+from eaglepangu_jax.calibration.sizing import sized_methods
 from eaglepangu_jax.calibration.store import (
     MachineCalibration,
     default_path,
@@ -38,11 +44,12 @@ from eaglepangu_jax.calibration.store import (
 )
 from eaglepangu_jax.engine import step
 from eaglepangu_jax.engine.decode import Teacher
-from eaglepangu_jax.methods.registry import Method
+from eaglepangu_jax.methods.registry import DEFAULT_BUDGET, Method
 
 __all__ = [
     "QUICK_CONTEXTS",
     "QUICK_REPEATS",
+    "calibrated_methods",
     "controlled_methods",
     "ensure_calibration",
     "quick_slots",
@@ -69,9 +76,10 @@ def ensure_calibration(
     *,
     path: str | os.PathLike | None = None,
     progress: bool = True,
+    grid_budget: int | None = None,
 ) -> MachineCalibration | None:
     """This machine's calibration, measured now if there is no usable saved one and some
-    method runs under the ``"auto"`` controller.
+    method runs under the ``"auto"`` controller (or ``grid_budget`` is given).
 
     Args:
       teacher: the model the runs use (its fingerprint must match the saved file's).
@@ -80,18 +88,21 @@ def ensure_calibration(
         reads a calibration, so nothing is measured.
       path: the calibration file (default: :func:`~.store.default_path`).
       progress: show a progress bar on stderr while measuring.
+      grid_budget: measure (when measuring) the verify buckets of at least this tree budget,
+        and measure even with no ``methods`` (:func:`calibrated_methods` sizes drafters from
+        the buckets above their defaults).
 
     Returns:
       The calibration, saved at ``path``; with no ``methods``, the usable saved one or None.
     """
     target = Path(path) if path is not None else default_path()
     calibration = usable_calibration(teacher.config, path=target, dtype=dtype_name(teacher))
-    if not methods:
+    if not methods and grid_budget is None:
         # Only the controller weighs costs (see curve.method_costs): greedy, a fixed policy
         # such as --policy drafter, or a peer's runner would wait minutes for nothing (on a
         # fresh GPU machine the whole benchmark's time went to it).
         return calibration
-    budget = max((m.spec.budget for m in methods.values()), default=8)
+    budget = max([*(m.spec.budget for m in methods.values()), grid_budget or 0])
     if calibration is None:
         _say(f"calibrating this machine for the 'auto' controller (once; saved to {target})")
         start = time.perf_counter()
@@ -124,6 +135,46 @@ def ensure_calibration(
         calibration = dataclasses.replace(calibration, t_draft=t_draft)
         save_calibration(calibration, target)
     return calibration
+
+
+def calibrated_methods(
+    teacher: Teacher,
+    methods: Sequence[Method],
+    *,
+    path: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> tuple[list[Method], MachineCalibration | None]:
+    """``methods`` as they run on this machine, and its calibration (see
+    :func:`ensure_calibration`; measured now where needed).
+
+    A method the machine may size (``Method.machine_sized``) gets the budget
+    :func:`~.sizing.machine_budget` reads from the calibration; a new calibration then
+    measures the verify buckets up to :data:`DEFAULT_BUDGET` nodes, so that there is
+    something to read. Every controlled method's drafting cost is timed at the size it runs
+    at. Each sizing is reported on stderr.
+    """
+    methods = list(methods)
+    controlled = controlled_methods(methods)
+    if not any(m.machine_sized for m in controlled.values()):
+        return methods, ensure_calibration(teacher, controlled, path=path, progress=progress)
+    fixed = {k: m for k, m in controlled.items() if not m.machine_sized}
+    calibration = ensure_calibration(
+        teacher, fixed, path=path, progress=progress, grid_budget=DEFAULT_BUDGET
+    )
+    methods, sizings = sized_methods(calibration, teacher.config, methods)
+    largest = quick_slots(DEFAULT_BUDGET)[-1]
+    for name, sizing in sizings.items():
+        _say(f"{name}: {sizing.describe()}")
+        if max(sizing.verify_seconds, default=0) < largest:
+            # A calibration saved by runs with smaller trees: sizing saw fewer buckets.
+            _say(
+                f"  (the saved calibration timed no verify of {largest} slots; "
+                "`eaglepangu calibrate` measures the full grid)"
+            )
+    calibration = ensure_calibration(
+        teacher, controlled_methods(methods), path=path, progress=progress
+    )
+    return methods, calibration
 
 
 def controlled_methods(methods) -> dict[str, Method]:

@@ -62,7 +62,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SLOTS = (1, 4, 16, 32, 64)
+# The engine's verify buckets for the default 8-node trees (1, 2, 4, 9: what the controller
+# reads, and what calibration.sizing compares), then larger trees for the fit.
+DEFAULT_SLOTS = (1, 2, 4, 9, 16, 32, 64)
 DEFAULT_CONTEXTS = (64, 256, 1024)
 DEFAULT_REPEATS = 5
 

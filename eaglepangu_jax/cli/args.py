@@ -21,6 +21,7 @@ from eaglepangu_jax.methods.registry import (
     DEFAULT_BUDGET,
     DEFAULT_DEPTH,
     DRAFTER_BUDGETS,
+    MACHINE_SIZED,
     Method,
     make_method,
 )
@@ -213,7 +214,9 @@ def depth_of(args: argparse.Namespace) -> tuple[int, bool]:
 
 def budget_is_default(args: argparse.Namespace) -> bool:
     """Whether ``--budget`` was left at ``auto``: a drafter with a budget of its own
-    (:data:`~eaglepangu_jax.methods.registry.DRAFTER_BUDGETS`) then runs at it."""
+    (:data:`~eaglepangu_jax.methods.registry.DRAFTER_BUDGETS`) then runs at it, or at the
+    larger one this machine verifies for the same time
+    (:mod:`eaglepangu_jax.calibration.sizing`)."""
     return args.budget == "auto"
 
 
@@ -277,7 +280,9 @@ def add_tree_options(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None
         metavar="{auto,N}",
         help=f"tree nodes verified per round, root excluded; 'auto' = "
         f"{DEFAULT_BUDGET}, or the drafter's own "
-        f"({', '.join(f'{k} {v}' for k, v in DRAFTER_BUDGETS.items())}) "
+        f"({', '.join(f'{k} {v}' for k, v in DRAFTER_BUDGETS.items())}; "
+        f"{' and '.join(MACHINE_SIZED)} take more where this machine's calibration verifies "
+        f"more slots for the same time) "
         f"(with --policy auto: the ceiling under which the controller chooses each round)",
     )
     p.add_argument(

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglepangu_jax import runtime
-from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
+from eaglepangu_jax.calibration.auto import calibrated_methods
 from eaglepangu_jax.cli import args as args_lib
 from eaglepangu_jax.cli import backend as backend_lib
 from eaglepangu_jax.drafters.registry import DrafterUnavailableError
@@ -206,7 +206,7 @@ def _run(methods, conversations, teacher, renderer, progress, device=None) -> di
     torch``; every engine method then runs through the torch runner)."""
     if teacher is None:  # the real model: its 'auto' runs read this machine's calibration
         teacher = runtime.load_teacher()
-        ensure_calibration(teacher, controlled_methods(methods), progress=progress)
+        methods, _ = calibrated_methods(teacher, methods, progress=progress)
     renderer = renderer if renderer is not None else runtime.load_renderer()
     if device is not None:
         methods = backend_lib.torch_methods(methods, teacher, device)

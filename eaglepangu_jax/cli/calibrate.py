@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=args_lib.counts("tokens"),
         default=",".join(map(str, measure.DEFAULT_SLOTS)),
         metavar="LIST",
-        help="tokens per verify forward (root + nodes) to time, e.g. 1,4,16,32,64",
+        help="tokens per verify forward (root + nodes) to time, e.g. 1,2,4,9,16,32,64",
     )
     parser.add_argument(
         "--contexts",

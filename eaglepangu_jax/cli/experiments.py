@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from eaglepangu_jax import runtime
-from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
+from eaglepangu_jax.calibration.auto import calibrated_methods
 from eaglepangu_jax.cli import args as args_lib
 from eaglepangu_jax.drafters.registry import DrafterUnavailableError
 from eaglepangu_jax.engine.config import SpecConfig
@@ -250,7 +250,7 @@ def _run(
         teacher = runtime.load_teacher()
         # Without it an uncalibrated drafting cost reads as 0: a costly drafter would count
         # as free and propose every round.
-        ensure_calibration(teacher, controlled_methods(methods), progress=args.progress)
+        methods, _ = calibrated_methods(teacher, methods, progress=args.progress)
     renderer = renderer if renderer is not None else runtime.load_renderer()
     start = time.perf_counter()
     report = run_in_groups(

@@ -7,7 +7,7 @@ import dataclasses
 import time
 
 from eaglepangu_jax import runtime
-from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
+from eaglepangu_jax.calibration.auto import calibrated_methods
 from eaglepangu_jax.calibration.curve import method_costs
 from eaglepangu_jax.cli import args as args_lib
 from eaglepangu_jax.cli import backend as backend_lib
@@ -132,7 +132,7 @@ def run(parser, args, teacher=None, renderer=None) -> int:
     args_lib.check_prompt(parser, config, method, prompt_ids)
     if teacher is None:  # the real model: an 'auto' run reads this machine's calibration
         teacher = runtime.load_teacher()
-        ensure_calibration(teacher, controlled_methods([method]))
+        (method,), _ = calibrated_methods(teacher, [method])
     runner = None
     if device is not None:
         runner = backend_lib.torch_methods([method], teacher, device)[0].runner

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eaglepangu_jax import runtime
-from eaglepangu_jax.calibration.auto import controlled_methods, ensure_calibration
+from eaglepangu_jax.calibration.auto import calibrated_methods
 from eaglepangu_jax.engine.decode import Teacher
 from eaglepangu_jax.evaluation.report import format_summary, write_report
 from eaglepangu_jax.evaluation.run import run_bench
@@ -89,7 +89,7 @@ def run_and_report(
     ``per_round``: each turn also records its rounds (see ``run_bench``); ``progress``:
     progress bars on stderr."""
     renderer = renderer if renderer is not None else runtime.load_renderer()
-    ensure_calibration(teacher, controlled_methods(methods), progress=progress)
+    methods, _ = calibrated_methods(teacher, methods, progress=progress)
     conversations = load_suite(args.suite)
     if args.per_category:
         conversations = per_category(conversations, args.per_category)

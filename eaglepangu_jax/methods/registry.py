@@ -38,6 +38,7 @@ __all__ = [
     "METHODS",
     "DEFAULT_BUDGET",
     "DRAFTER_BUDGETS",
+    "MACHINE_SIZED",
     "DEFAULT_DEPTH",
     "CPU_PEAK_FLOPS",
     "CPU_BANDWIDTH",
@@ -54,6 +55,7 @@ __all__ = [
     "HEAD_PAIRS",
     "load_truncated_draft",
     "make_method",
+    "with_machine_budget",
 ]
 
 REFERENCE = "greedy"
@@ -84,6 +86,16 @@ DEFAULT_DEPTH = 6  # deepest draft node
 # (docs/RESULTS.md, "The distilled draft drafts one node"). Draft-target (the teacher cut
 # to 28 layers, an ablation) and MTP (one token by construction) keep theirs.
 DRAFTER_BUDGETS = {"eagle3": 1, "block": 1, "draft-distilled": 1}
+# Drafters whose DRAFTER_BUDGETS entry is a floor that the machine may raise
+# (:mod:`eaglepangu_jax.calibration.sizing`): where a verify of a few more slots costs what
+# the floor's does, the extra nodes are verified for nothing, and these drafters draft them
+# for little (the block head: one forward whatever the budget; the EAGLE-3 head: one more
+# head step per level). On 2 cores of an AMD EPYC, two and four slots cost the same (37 ms
+# against 28 ms for one) and three nodes paid more than one (EAGLE-3 1.16x vs 1.08x, block
+# 1.12x vs 1.07x, 51 dev turns; docs/RESULTS.md); on the Intel Xeon four slots cost 1.4x two
+# and one node stays. The distilled draft is not here: each node is one more forward of the
+# draft model, about half a plain step.
+MACHINE_SIZED = ("eagle3", "block")
 CPU_PEAK_FLOPS = NOMINAL_PEAK_FLOPS  # the uncalibrated roofline's machine (see budget)
 CPU_BANDWIDTH = NOMINAL_BANDWIDTH
 
@@ -114,6 +126,16 @@ class Method:
     # Under "auto", the latency-curve correction learned from this method's own runs (host
     # state shared by every turn it generates; see engine.costs).
     correction: CostCorrection | None = dataclasses.field(default=None, compare=False)
+    # Set while the budget (and the depth, no deeper) are this drafter's defaults, which the
+    # machine may raise (MACHINE_SIZED, with_machine_budget): the depth it runs at when the
+    # budget allows. None once a user chose either, and once the machine has (so sizing
+    # twice changes nothing).
+    sizable_depth: int | None = None
+
+    @property
+    def machine_sized(self) -> bool:
+        """Whether the machine may still raise this method's budget (:data:`MACHINE_SIZED`)."""
+        return self.sizable_depth is not None
 
     def __post_init__(self):
         if self.correction is None and self.drafter is not None and self.spec.policy == "auto":
@@ -288,8 +310,36 @@ def make_method(
         name, spec, default_depth, eagle3_loader, torch_threads, draft_top_k, draft_tree
     )
     if default_depth and default_budget and name in DRAFTER_BUDGETS:
+        full_depth = method.spec.depth
         method = _no_deeper_than_budget(method)
+        if name in MACHINE_SIZED:
+            method = dataclasses.replace(method, sizable_depth=full_depth)
     return method if entry == name else dataclasses.replace(method, name=entry)
+
+
+def with_machine_budget(method: Method, budget: int) -> Method:
+    """``method`` at ``budget`` nodes a round and no deeper (nor deeper than the drafter's own
+    default depth), as :func:`make_method` would have built it had ``budget`` been the
+    drafter's default.
+    The machine's choice (:func:`eaglepangu_jax.calibration.sizing.machine_budget`).
+
+    Raises:
+      ValueError: ``method`` is not ``machine_sized`` (its budget or depth was chosen by a
+        user, or the drafter is not in :data:`MACHINE_SIZED`), or ``budget < 1``.
+    """
+    if not method.machine_sized:
+        raise ValueError(f"method {method.name!r} is not sized by the machine")
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    if budget == method.spec.budget:
+        return dataclasses.replace(method, sizable_depth=None)
+    depth = min(budget, method.sizable_depth)
+    drafter = configure_drafter(method.drafter, budget=budget, depth=depth)
+    spec = fit_budget(dataclasses.replace(method.spec, budget=budget, depth=depth), drafter)
+    # correction=None: the resized method learns its own cost correction (__post_init__).
+    return dataclasses.replace(
+        method, spec=spec, drafter=drafter, correction=None, sizable_depth=None
+    )
 
 
 def _no_deeper_than_budget(method: Method) -> Method:
