@@ -9,6 +9,8 @@ on:
 * :mod:`.fit`: fits the roofline to the measured grid and predicts from it;
 * :mod:`.store`: the versioned, fingerprinted JSON record, written atomically;
 * :mod:`.curve`: the ``[budget + 1]`` verify-latency curve the engine's controller reads;
+* :mod:`.sizing`: the heads' default tree budgets on this machine, from its verify timings;
+* :mod:`.auto`: calibration without a manual step, and the methods sized by it;
 Tables and figures of a calibration are in :mod:`eaglepangu_jax.evaluation.calibration_report`.
 """
 
