@@ -84,6 +84,21 @@ def load_bench_script(name: str):
     return module
 
 
+def random_eagle3_head(config, embed, *, draft_vocab: int = 24, stride: int = 4, key: int = 1):
+    """``(head_config, head_params)``: a random EAGLE-3 head for the teacher ``config`` sharing
+    its ``embed``, whose draft vocabulary maps token ``i`` to ``i * stride mod V``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from eaglepangu_jax.drafters import eagle3
+
+    head_cfg = eagle3.Eagle3Config.for_teacher(config, draft_vocab)
+    d2t = jnp.asarray((np.arange(draft_vocab) * stride) % config.vocab_size, jnp.int32)
+    head = eagle3.init_head(head_cfg, jax.random.key(key), embed=embed, d2t=d2t)
+    return head_cfg, eagle3.make_params(head, embed, d2t)
+
+
 def refusal(script, argv, tmp_path, capsys) -> str:
     """Run a bench script's ``main(argv + --json tmp_path/r.json)``, check that it exits
     through argparse (status 2) without writing the report, and return what it printed on

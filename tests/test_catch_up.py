@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import random_eagle3_head
 
 from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import draft_control, engine
@@ -46,11 +47,9 @@ def teacher():
 
 
 def eagle3_drafter(teacher):
-    head_cfg = eagle3.Eagle3Config.for_teacher(CFG, 24)
-    d2t = jnp.asarray((np.arange(24) * 5) % CFG.vocab_size, jnp.int32)
-    head = eagle3.init_head(head_cfg, jax.random.key(1), embed=teacher.params["embed"], d2t=d2t)
+    head_cfg, head_params = random_eagle3_head(CFG, teacher.params["embed"], stride=5)
     drafter = eagle3.Eagle3Drafter(config=head_cfg, budget=BUDGET, depth=DEPTH, top_k=2)
-    return drafter, eagle3.make_params(head, teacher.params["embed"], d2t)
+    return drafter, head_params
 
 
 def draft_target_drafter(teacher):

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import random_eagle3_head
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,10 +54,7 @@ def test_draft_vocab_orders_by_frequency_and_rejects_bad_sizes():
 def tiny():
     cfg = LlamaConfig.tiny()
     params = random_params(cfg, jax.random.key(0))
-    head_cfg = eagle3.Eagle3Config.for_teacher(cfg, 24)
-    d2t = jnp.asarray((np.arange(24) * 4) % cfg.vocab_size, jnp.int32)
-    head = eagle3.init_head(head_cfg, jax.random.key(1), embed=params["embed"], d2t=d2t)
-    return cfg, params, head_cfg, eagle3.make_params(head, params["embed"], d2t)
+    return cfg, params, *random_eagle3_head(cfg, params["embed"])
 
 
 def _context(cfg, head_cfg, num_tokens=9, capacity=32, depth=4):

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import random_eagle3_head
 
 from eaglepangu_jax import tree as tree_lib
 from eaglepangu_jax.drafters import DRAFTERS, block, eagle3
@@ -28,10 +29,7 @@ CFG = LlamaConfig.tiny()
 @pytest.fixture(scope="module")
 def tiny():
     params = random_params(CFG, jax.random.key(0))
-    head_cfg = eagle3.Eagle3Config.for_teacher(CFG, 24)
-    d2t = jnp.asarray((np.arange(24) * 4) % CFG.vocab_size, jnp.int32)
-    head = eagle3.init_head(head_cfg, jax.random.key(1), embed=params["embed"], d2t=d2t)
-    return params, head_cfg, eagle3.make_params(head, params["embed"], d2t)
+    return params, *random_eagle3_head(CFG, params["embed"])
 
 
 def _pair(head_cfg, budget=6, depth=4):

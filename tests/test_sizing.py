@@ -7,9 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
+from conftest import random_eagle3_head
 
 from eaglepangu_jax import engine
 from eaglepangu_jax.calibration import auto, curve, sizing
@@ -97,10 +96,7 @@ def test_no_timings_keep_the_floor_and_bad_arguments_are_refused():
 @pytest.fixture(scope="module")
 def tiny_head():
     params = random_params(CFG, jax.random.key(0))
-    head_cfg = eagle3.Eagle3Config.for_teacher(CFG, 24)
-    d2t = jnp.asarray((np.arange(24) * 2) % CFG.vocab_size, jnp.int32)
-    head = eagle3.init_head(head_cfg, jax.random.key(1), embed=params["embed"], d2t=d2t)
-    head_params = eagle3.make_params(head, params["embed"], d2t)
+    head_cfg, head_params = random_eagle3_head(CFG, params["embed"], stride=2)
     return params, lambda: (eagle3.Eagle3Drafter(config=head_cfg), head_params)
 
 
