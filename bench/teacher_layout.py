@@ -1,15 +1,17 @@
 """The teacher's ``[out, in]`` weight copies, side by side in the engine: greedy, each drafter
-with the teacher as the library builds it (full verify trees multiply the ``[out, in]``
-copies, see ``llama.prepare_params``) and the same drafter on the teacher without them
-(every product from the ``[in, out]`` weights), interleaved per turn on the same prompts,
-under the default controller.
+on the teacher with the copies (full verify trees multiply them, see
+``llama.prepare_params``) and the same drafter on the teacher without them (every product
+from the ``[in, out]`` weights), interleaved per turn on the same prompts, under the default
+controller. ``runtime.load_teacher()`` picks one of the two per machine
+(``calibration.layout``); this script runs both, whatever the machine chose.
 
 Both teachers share one set of ``[in, out]`` weights; the copies add only the second
 layout. The copy-free variant runs as a runner around the same engine (and the same
-re-run-if-compiled rule as every method) and learns its own cost correction. Both read
-this machine's calibration, which is measured with the copies, so the copy-free variant is
-told verify costs a little below its own: its correction learns the difference, as it
-learns any machine's. ::
+re-run-if-compiled rule as every method) and learns its own cost correction. Both read the
+calibration of the teacher with the copies (measured now, and saved, where the machine chose
+the other layout; the next run in that layout measures its own again), so the copy-free
+variant is told the other layout's verify costs: its correction learns the difference, as
+it learns any machine's. ::
 
     PYTHONPATH=. python3 bench/teacher_layout.py --suite dev --per-category 2 \\
         --methods ngram,ngram-corpus --json layout.json
@@ -83,11 +85,12 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
     except ValueError as err:
         p.error(str(err))
 
-    from eaglepangu_jax.engine.decode import Teacher
+    from eaglepangu_jax.calibration.layout import with_layout
 
-    teacher = side_by_side.real_teacher(teacher)
-    # The same [in, out] arrays: only the copies are left out, nothing is duplicated.
-    plain = Teacher(teacher.config, teacher.params, transposed_copy=False)
+    # The library teacher in the layout this machine chose (see calibration.layout) has the
+    # copies made if it lacks them; the plain one shares its [in, out] arrays.
+    teacher = with_layout(side_by_side.real_teacher(teacher), transposed_copy=True)
+    plain = with_layout(teacher, transposed_copy=False)
     if slots is not None:
         return _verify_report(teacher, plain, slots, args.context, args.repeats, args.json)
 
@@ -127,18 +130,15 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
 def _verify_report(with_copies, plain, slots, context, repeats, path) -> int:
     import statistics
 
-    from eaglepangu_jax.calibration.measure import measure_grid
+    from eaglepangu_jax.calibration.measure import measure_grids
     from eaglepangu_jax.files import write_json_atomic
     from eaglepangu_jax.models.llama import TRANSPOSED_MIN_ROWS
 
-    teachers = {"with_copies": with_copies, "in_out_only": plain}
-    times = {(name, s): [] for name in teachers for s in slots}
-    for _ in range(repeats):
-        for name, teacher in teachers.items():
-            # One timed pass per call (each call first runs every point untimed, from the
-            # compile cache after the first pass), the teachers alternating pass by pass.
-            for sample in measure_grid(teacher, slots, [context], 1):
-                times[name, sample.slots].append(sample.seconds)
+    # Each pass times every slot count once per teacher, the teachers alternating.
+    grids = measure_grids(
+        {"with_copies": with_copies, "in_out_only": plain}, slots, [context], repeats
+    )
+    times = {(name, x.slots): x.times for name, samples in grids.items() for x in samples}
     ms = {key: 1e3 * statistics.median(t) for key, t in times.items()}
     report = {
         "context": context,

@@ -8,21 +8,48 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from eaglepangu_jax.calibration.layout import machine_layout, saved_probe
 from eaglepangu_jax.engine.decode import Teacher
 from eaglepangu_jax.models import llama, weights_cache
 from eaglepangu_jax.models.chat import ChatRenderer
 from eaglepangu_jax.models.smollm2 import load_smollm2
 from eaglepangu_jax.models.tokenizer import load_tokenizer
 
-__all__ = ["load_teacher", "load_renderer", "enable_compile_cache"]
+__all__ = ["LAYOUTS", "load_teacher", "load_renderer", "enable_compile_cache"]
 
 
-def load_teacher() -> Teacher:
-    """The real teacher (SmolLM2-135M-Instruct, float32, weights laid out per layer, with
-    the ``[out, in]`` copies that verify trees read)."""
+# How load_teacher lays out the weights: measured per machine, or fixed by the caller.
+LAYOUTS = ("auto", "transposed", "in-out")
+
+
+def load_teacher(*, layout: str = "auto", progress: bool = True) -> Teacher:
+    """The real teacher (SmolLM2-135M-Instruct, float32, weights laid out per layer).
+
+    Args:
+      layout: ``"auto"`` keeps the ``[out, in]`` weight copies that full verify trees read
+        only where they make verification faster on this machine (timed once and saved, see
+        :func:`calibration.layout.machine_layout`); ``"transposed"`` always keeps them,
+        ``"in-out"`` never does.
+      progress: show a progress bar while the layouts are timed (first run on a machine).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown weight layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     config, params = load_smollm2()
+    if layout == "auto":
+        # Built in the saved choice, nothing is copied twice; unknown, the probe makes both.
+        saved = saved_probe(config, str(np.dtype(params["embed"].dtype)))
+        copies = saved is not None and saved.transposed_copy
+    else:
+        copies = layout == "transposed"
     # Prepared from the stacked layout, the tied head's [out, in] copy is the embedding.
-    return Teacher(config, llama.prepare_params(params, transposed_copy=True))
+    teacher = Teacher(
+        config, llama.prepare_params(params, transposed_copy=copies), transposed_copy=copies
+    )
+    if layout == "auto":
+        teacher, _ = machine_layout(teacher, progress=progress)
+    return teacher
 
 
 def load_renderer() -> ChatRenderer:

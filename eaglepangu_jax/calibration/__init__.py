@@ -10,12 +10,13 @@ on:
 * :mod:`.store`: the versioned, fingerprinted JSON record, written atomically;
 * :mod:`.curve`: the ``[budget + 1]`` verify-latency curve the engine's controller reads;
 * :mod:`.sizing`: the heads' default tree budgets on this machine, from its verify timings;
+* :mod:`.layout`: whether the teacher keeps its ``[out, in]`` weight copies on this machine;
 * :mod:`.auto`: calibration without a manual step, and the methods sized by it;
 Tables and figures of a calibration are in :mod:`eaglepangu_jax.evaluation.calibration_report`.
 """
 
 from eaglepangu_jax.calibration.curve import curve_for, uncalibrated, verify_latency_curve
-from eaglepangu_jax.calibration.measure import calibrate_teacher, measure_grid
+from eaglepangu_jax.calibration.measure import calibrate_teacher, measure_grid, measure_grids
 from eaglepangu_jax.calibration.store import (
     CalibrationFileError,
     MachineCalibration,
@@ -30,6 +31,7 @@ __all__ = [
     "curve_for",
     "load_calibration",
     "measure_grid",
+    "measure_grids",
     "save_calibration",
     "uncalibrated",
     "verify_latency_curve",

@@ -2,8 +2,9 @@
 
 :func:`ensure_calibration` returns this machine's calibration for the teacher and the
 drafters about to run. It reads the saved one (:func:`~.store.default_path`) when that file is
-readable, fingerprinted for this teacher and measured on this machine; otherwise (missing,
-corrupt, another teacher, another machine) it measures a quick one, with a progress bar,
+readable, fingerprinted for this teacher, measured on this machine and in the teacher's
+weight layout (:mod:`.layout`); otherwise (missing, corrupt, another teacher, another
+machine, the other layout) it measures a quick one, with a progress bar,
 and saves it atomically in its place. A drafter the saved calibration lacks is timed and
 added. ``eaglepangu calibrate`` still measures the full grid.
 
@@ -45,6 +46,7 @@ from eaglepangu_jax.calibration.store import (
 from eaglepangu_jax.engine import step
 from eaglepangu_jax.engine.decode import Teacher
 from eaglepangu_jax.methods.registry import DEFAULT_BUDGET, Method
+from eaglepangu_jax.models import llama
 
 __all__ = [
     "QUICK_CONTEXTS",
@@ -97,6 +99,14 @@ def ensure_calibration(
     """
     target = Path(path) if path is not None else default_path()
     calibration = usable_calibration(teacher.config, path=target, dtype=dtype_name(teacher))
+    copies = llama.has_transposed_copy(teacher.params)
+    # Files from before the layout was chosen per machine were all measured with the copies.
+    if calibration is not None and calibration.details.get("transposed_copy", True) != copies:
+        _say(
+            f"the saved calibration was measured {'without' if copies else 'with'} the "
+            "teacher's [out, in] weight copies (see calibration.layout): measuring again"
+        )
+        calibration = None
     if not methods and grid_budget is None:
         # Only the controller weighs costs (see curve.method_costs): greedy, a fixed policy
         # such as --policy drafter, or a peer's runner would wait minutes for nothing (on a

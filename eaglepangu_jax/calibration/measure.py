@@ -43,6 +43,7 @@ from eaglepangu_jax.engine import step
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.drafter import Proposal, costliest
 from eaglepangu_jax.methods import registry as methods_lib
+from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "OVERHEAD_FORWARDS",
     "probe_tree",
     "measure_grid",
+    "measure_grids",
     "Overhead",
     "measure_overhead",
     "measure_draft",
@@ -207,30 +209,52 @@ def measure_grid(
     Returns:
       One :class:`Sample` per point, contexts outer, slots inner.
     """
-    _check_grid(teacher.config, slots, contexts, repeats)
-    timer = _VerifyTimer(teacher)
+    return measure_grids({"teacher": teacher}, slots, contexts, repeats, bar=bar)["teacher"]
+
+
+def measure_grids(
+    teachers: Mapping[str, gen.Teacher],
+    slots: Sequence[int],
+    contexts: Sequence[int],
+    repeats: int,
+    *,
+    bar: Any = None,
+) -> dict[str, list[Sample]]:
+    """:func:`measure_grid` for several teachers side by side (e.g. one model in two weight
+    layouts): each pass times every point of every teacher once, so that a busy moment hits
+    them alike. Returns name -> that teacher's samples."""
+    if not teachers:
+        raise ValueError("no teacher to time")
+    for teacher in teachers.values():
+        _check_grid(teacher.config, slots, contexts, repeats)
+    timers = {name: _VerifyTimer(teacher) for name, teacher in teachers.items()}
     keys = []
     for c in contexts:
         for s in slots:
-            _phase(bar, f"compiling verify s={s} c={c}")
-            keys.append(timer.add(s, c, engine_window(c, s, teacher.config)))
-            _tick(bar)
-    times: dict[tuple[int, int, int], list[float]] = {k: [] for k in keys}
+            for name, timer in timers.items():
+                _phase(bar, f"compiling verify s={s} c={c}")
+                keys.append((name, timer.add(s, c, engine_window(c, s, timer.teacher.config))))
+                _tick(bar)
+    times: dict[tuple[str, tuple[int, int, int]], list[float]] = {k: [] for k in keys}
     for r in range(repeats):
         _phase(bar, f"timing verify, pass {r + 1}/{repeats}")
-        for k in keys:
-            times[k].append(timer.time(k))
+        for name, point in keys:
+            times[name, point].append(timers[name].time(point))
             _tick(bar)
-    return [
-        Sample(
-            slots=s,
-            context=c,
-            window=w,
-            seconds=_median(times[s, c, w]),
-            times=tuple(times[s, c, w]),
-        )
-        for s, c, w in keys
-    ]
+    return {
+        name: [
+            Sample(
+                slots=s,
+                context=c,
+                window=w,
+                seconds=_median(times[name, (s, c, w)]),
+                times=tuple(times[name, (s, c, w)]),
+            )
+            for owner, (s, c, w) in keys
+            if owner == name
+        ]
+        for name in teachers
+    }
 
 
 def _check_grid(
@@ -441,6 +465,8 @@ def calibrate_teacher(
         t_draft=t_draft,
         details={
             "repeats": repeats,
+            # The verify cost of >= llama.TRANSPOSED_MIN_ROWS slots depends on it (.layout).
+            "transposed_copy": llama.has_transposed_copy(teacher.params),
             "overhead": (
                 dataclasses.asdict(measured_overhead)
                 if measured_overhead

@@ -182,7 +182,8 @@ MACHINE_KEYS = ("machine", "processor", "backend", "device_kind")
 
 
 def same_machine(calibration: MachineCalibration) -> bool:
-    """True when ``calibration`` was measured on this kind of host and accelerator."""
+    """True when ``calibration`` (or another record with a ``machine`` description, such as
+    a :class:`~.layout.LayoutProbe`) was measured on this kind of host and accelerator."""
     here = describe_machine()
     return all(calibration.machine.get(k) == here[k] for k in MACHINE_KEYS)
 

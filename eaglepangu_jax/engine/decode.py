@@ -72,9 +72,11 @@ class Teacher:
     The parameters are converted once to the forward's prepared layout (per-layer arrays,
     an ``[H, V]`` output head): with stacked layers XLA copies every layer's weights each
     step, which made decoding about 2x slower. Unless ``transposed_copy`` is False they also
-    get the ``[out, in]`` weight copies that full verify trees multiply faster on a CPU (see
-    :func:`llama.prepare_params`; the machine calibration times this layout). Without them
-    the teacher holds one copy of its weights (half the memory) and verifies more slowly.
+    get the ``[out, in]`` weight copies that full verify trees multiply (see
+    :func:`llama.prepare_params`). Without them the teacher holds one copy of its weights
+    (half the memory). Which layout verifies faster depends on the CPU:
+    ``runtime.load_teacher()`` times both once per machine and keeps the faster
+    (``calibration.layout``); the calibration records the layout it measured.
     """
 
     config: LlamaConfig

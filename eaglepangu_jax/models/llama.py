@@ -77,12 +77,14 @@ PRODUCTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # Key of the optional ``[out, in]`` weight copies (``prepare_params(transposed_copy=True)``).
 TRANSPOSED = "transposed"
 
-# From this many rows a product reads the [out, in] copy. Measured on a 2-core x86 CPU with
-# XLA (bench/matmul_rows.py --transposed, the teacher's shapes): one row costs the same in
-# both layouts, 2-3 rows are 7-22% slower from [out, in], 5 / 9 / 17 rows 10-16% faster;
-# the whole verify forward at 9 slots 13% faster (bench/teacher_layout.py). The engine
-# verifies 1, 2, 4 or 9 slots for its default 8-node trees, so only full trees (and prefill)
-# take the copy.
+# From this many rows a product reads the [out, in] copy (when there is one). Measured on 2
+# cores of an Intel Xeon with XLA (bench/matmul_rows.py --transposed, the teacher's shapes):
+# one row costs the same in both layouts, 2-3 rows are 7-22% slower from [out, in], 5 / 9 /
+# 17 rows 10-16% faster; the whole verify forward at 9 slots 13% faster
+# (bench/teacher_layout.py). The engine verifies 1, 2, 4 or 9 slots for its default 8-node
+# trees, so only full trees (and prefill) take the copy. On 2 cores of an AMD EPYC every row
+# count from 2 up was slower from [out, in] (9 slots: 20-28%), so whether a teacher carries
+# the copies at all is chosen per machine (calibration.layout).
 TRANSPOSED_MIN_ROWS = 5
 
 
