@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from eaglepangu_jax import runtime
-from eaglepangu_jax.calibration import auto, layout, store
+from eaglepangu_jax.calibration import auto, curve, layout, store
 from eaglepangu_jax.engine.decode import Teacher
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
@@ -30,7 +30,6 @@ def probe_of(with_ms, without_ms, **fields):
     return layout.LayoutProbe(
         teacher=store.teacher_fingerprint(CFG),
         machine=store.describe_machine(),
-        xla_flags=layout._xla_flags(),
         date="2026-12-07T00:00:00+00:00",
         slots=9,
         context=128,
@@ -104,7 +103,7 @@ def test_machine_layout_measures_once_then_reads_the_file(teacher, tmp_path, mon
     [
         {"teacher": "another teacher's fingerprint"},
         {"machine": {**store.describe_machine(), "processor": "another CPU"}},
-        {"xla_flags": "--xla_some_other_flag=true"},
+        {"machine": {**store.describe_machine(), "xla_flags": "--xla_some_other_flag=true"}},
     ],
     ids=["teacher", "machine", "flags"],
 )
@@ -189,3 +188,20 @@ def test_load_teacher_lays_out_the_weights_as_asked_or_as_the_machine_chose(
     loaded = runtime.load_teacher(layout=choice, progress=False)
     assert llama.has_transposed_copy(loaded.params) is (choice != "in-out")
     assert (tmp_path / layout.FILE_NAME).exists() is (choice == "auto")
+
+
+@pytest.mark.parametrize("flags", ["--xla_some_other_flag=true", None], ids=["other", "unrecorded"])
+def test_a_calibration_measured_under_other_xla_flags_is_measured_again(teacher, tmp_path, flags):
+    """The test suite compiles at -O0: its calibrations must not serve the command line's
+    runs (nor theirs the suite's). A file from before the flags were recorded neither."""
+    path = tmp_path / "cal.json"
+    grid = dict(path=path, progress=False, grid_budget=1)
+    first = auto.ensure_calibration(teacher, {}, **grid)
+    assert first.machine["xla_flags"] == store.describe_machine()["xla_flags"]
+    machine = {k: v for k, v in first.machine.items() if k != "xla_flags"}
+    if flags is not None:
+        machine["xla_flags"] = flags
+    store.save_calibration(dataclasses.replace(first, machine=machine), path)
+    assert curve.usable_calibration(CFG, path=path) is None
+    again = auto.ensure_calibration(teacher, {}, **grid)
+    assert again.machine == first.machine and store.load_calibration(path) == again

@@ -150,7 +150,8 @@ def usable_calibration(
         return None
     if not same_machine(calibration):
         log.warning(
-            "calibration %s was measured on another machine (%s): not used",
+            "calibration %s was measured on another machine or under other XLA flags (%s): "
+            "not used",
             target,
             ", ".join(str(calibration.machine.get(k)) for k in MACHINE_KEYS),
         )

@@ -10,7 +10,8 @@ on a machine times the engine's verify forward at :data:`PROBE_SLOTS` slots in b
 interleaved. It keeps the copies only if they are at least :data:`MIN_GAIN` faster, since
 they double the weights' memory. The result is saved, atomically, beside the calibration
 (:data:`FILE_NAME`) with the machine, the teacher's shape and the XLA flags it was measured
-under. A file for another machine, teacher or flags is measured again. So is a corrupt one,
+under (all in :func:`~.store.describe_machine`). A file for another machine, teacher or
+flags is measured again. So is a corrupt one,
 with a warning.
 
 :func:`machine_layout` is the entry point; ``runtime.load_teacher()`` calls it.
@@ -36,8 +37,10 @@ from eaglepangu_jax.calibration.store import (
     teacher_fingerprint,
     timestamp,
 )
+from eaglepangu_jax.engine import step
 from eaglepangu_jax.engine.decode import Teacher
 from eaglepangu_jax.files import write_text_atomic
+from eaglepangu_jax.methods.registry import DEFAULT_BUDGET
 from eaglepangu_jax.models import llama
 from eaglepangu_jax.models.config import LlamaConfig
 
@@ -66,9 +69,9 @@ FORMAT = "eaglepangu-teacher-layout"
 VERSION = 1
 FILE_NAME = "teacher_layout.json"
 
-# The engine's verify bucket for its default 8-node trees: the smallest bucket that reads
-# the copies (llama.TRANSPOSED_MIN_ROWS = 5), and the one the n-gram drafters use most.
-PROBE_SLOTS = 9
+# The engine's verify bucket for its default 8-node trees (9 slots): the smallest bucket
+# that reads the copies (llama.TRANSPOSED_MIN_ROWS = 5), the one the n-gram drafters fill.
+PROBE_SLOTS = step.slot_buckets(DEFAULT_BUDGET + 1)[-1]
 PROBE_CONTEXT = 128  # the quick calibration's context (calibration.auto.QUICK_CONTEXTS)
 PROBE_REPEATS = 9
 # The copies cost a second copy of the weights (425 MB for SmolLM2-135M in float32): a
@@ -82,8 +85,8 @@ class LayoutProbe:
 
     Attributes:
       teacher: :func:`~.store.teacher_fingerprint` of the teacher's shape and dtype.
-      machine: :func:`~.store.describe_machine` of the machine that measured.
-      xla_flags: ``XLA_FLAGS`` when it was measured (they change the kernels XLA picks).
+      machine: :func:`~.store.describe_machine` of the machine that measured (with the
+        ``XLA_FLAGS`` it ran under: they change the kernels XLA picks).
       date: ISO 8601 UTC time of the measurement.
       slots, context: the verify forward timed (tokens, committed tokens before them).
       with_copies, in_out_only: every timed run of each layout, seconds.
@@ -91,7 +94,6 @@ class LayoutProbe:
 
     teacher: str
     machine: Mapping[str, Any]
-    xla_flags: str
     date: str
     slots: int
     context: int
@@ -120,7 +122,9 @@ class LayoutProbe:
         )
 
 
-def copies_pay(with_copies_seconds: float, in_out_seconds: float, min_gain: float = MIN_GAIN):
+def copies_pay(
+    with_copies_seconds: float, in_out_seconds: float, min_gain: float = MIN_GAIN
+) -> bool:
     """True when the copies make the forward at least ``min_gain`` faster (a fraction)."""
     return with_copies_seconds <= (1.0 - min_gain) * in_out_seconds
 
@@ -161,7 +165,6 @@ def probe_layout(
     return LayoutProbe(
         teacher=teacher_fingerprint(teacher.config, dtype_name(teacher)),
         machine=describe_machine(),
-        xla_flags=_xla_flags(),
         date=timestamp(),
         slots=slots,
         context=context,
@@ -216,7 +219,6 @@ def load_probe(path: str | os.PathLike | None = None) -> LayoutProbe:
         probe = LayoutProbe(
             teacher=str(data["teacher"]),
             machine=dict(data["machine"]),
-            xla_flags=str(data["xla_flags"]),
             date=str(data["date"]),
             slots=int(data["slots"]),
             context=int(data["context"]),
@@ -275,16 +277,12 @@ def saved_probe(
         log.info("teacher layout file %s is for another teacher: measuring again", target)
         return None
     if not same_machine(probe):
-        log.info("teacher layout file %s is from another machine: measuring again", target)
-        return None
-    if probe.xla_flags != _xla_flags():
-        log.info("teacher layout file %s was measured under other XLA flags: again", target)
+        log.info(
+            "teacher layout file %s is from another machine or other XLA flags: measuring again",
+            target,
+        )
         return None
     return probe
-
-
-def _xla_flags() -> str:
-    return os.environ.get("XLA_FLAGS", "").strip()
 
 
 def _say(message: str) -> None:

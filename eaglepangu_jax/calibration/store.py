@@ -152,9 +152,11 @@ def teacher_fingerprint(config: LlamaConfig, dtype: str = "float32") -> str:
 
 
 def describe_machine() -> dict[str, Any]:
-    """The host and accelerator a calibration belongs to."""
+    """The host and accelerator a calibration belongs to, and the XLA flags it ran under
+    (they change the kernels XLA picks: the test suite compiles at -O0, for one)."""
     device = jax.devices()[0]
     return {
+        "xla_flags": os.environ.get("XLA_FLAGS", "").strip(),
         "system": platform.system(),
         "machine": platform.machine(),
         "processor": _cpu_model(),
@@ -178,7 +180,8 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-MACHINE_KEYS = ("machine", "processor", "backend", "device_kind")
+# A calibration (or layout probe) from before the flags were recorded is measured again.
+MACHINE_KEYS = ("machine", "processor", "backend", "device_kind", "xla_flags")
 
 
 def same_machine(calibration: MachineCalibration) -> bool:
