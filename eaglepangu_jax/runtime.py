@@ -38,9 +38,11 @@ def load_teacher(*, layout: str = "auto", progress: bool = True) -> Teacher:
         raise ValueError(f"unknown weight layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     config, params = load_smollm2()
     if layout == "auto":
-        # Built in the saved choice, nothing is copied twice; unknown, the probe makes both.
+        # Built in the saved choice; unknown, with the copies, which the probe then drops by
+        # reference if they do not pay. (Made here from the stacked layout, the tied head's
+        # copy is the embedding itself; added later, it would be a second [V, H] array.)
         saved = saved_probe(config, str(np.dtype(params["embed"].dtype)))
-        copies = saved is not None and saved.transposed_copy
+        copies = saved is None or saved.transposed_copy
     else:
         copies = layout == "transposed"
     # Prepared from the stacked layout, the tied head's [out, in] copy is the embedding.

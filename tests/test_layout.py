@@ -144,6 +144,18 @@ def test_a_corrupt_or_foreign_file_is_refused_by_name_and_measured_again(
     assert layout.load_probe(path).transposed_copy is False
 
 
+@pytest.mark.parametrize("bad", [-0.01, float("nan"), "fast", True])
+def test_a_timing_that_is_not_a_finite_non_negative_number_is_refused(tmp_path, bad):
+    path = tmp_path / "layout.json"
+    layout.save_probe(probe_of((70.0, 71.0), (55.0,)), path)
+    document = json.loads(path.read_text())
+    document["with_copies"][1] = bad
+    path.write_text(json.dumps(document))
+    with pytest.raises(store.CalibrationFileError, match="with_copies"):
+        layout.load_probe(path)
+    assert layout.saved_probe(CFG, path=path) is None
+
+
 # ---------------------------------------------------------- the calibration follows it
 
 
@@ -187,6 +199,9 @@ def test_load_teacher_lays_out_the_weights_as_asked_or_as_the_machine_chose(
     monkeypatch.setattr(layout, "probe_layout", lambda t, **kw: probe_of((50.0,), (60.0,)))
     loaded = runtime.load_teacher(layout=choice, progress=False)
     assert llama.has_transposed_copy(loaded.params) is (choice != "in-out")
+    if choice != "in-out" and "lm_head" not in stacked:
+        # Made from the stacked layout, the tied head's [out, in] copy is the table itself.
+        assert loaded.params[llama.TRANSPOSED]["lm_head"] is loaded.params["embed"]
     assert (tmp_path / layout.FILE_NAME).exists() is (choice == "auto")
 
 

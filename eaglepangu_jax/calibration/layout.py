@@ -33,6 +33,7 @@ from eaglepangu_jax.calibration.store import (
     CalibrationFileError,
     describe_machine,
     dtype_name,
+    non_negative,
     same_machine,
     teacher_fingerprint,
     timestamp,
@@ -222,8 +223,8 @@ def load_probe(path: str | os.PathLike | None = None) -> LayoutProbe:
             date=str(data["date"]),
             slots=int(data["slots"]),
             context=int(data["context"]),
-            with_copies=tuple(float(t) for t in data["with_copies"]),
-            in_out_only=tuple(float(t) for t in data["in_out_only"]),
+            with_copies=tuple(non_negative(t, "with_copies") for t in data["with_copies"]),
+            in_out_only=tuple(non_negative(t, "in_out_only") for t in data["in_out_only"]),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise CalibrationFileError(

@@ -48,6 +48,7 @@ __all__ = [
     "save_calibration",
     "load_calibration",
     "describe_config",
+    "non_negative",
 ]
 
 log = logging.getLogger(__name__)
@@ -308,9 +309,9 @@ def _from_json(data: Any, path: Path) -> MachineCalibration:
         )
     try:
         teacher, roof, fit = data["teacher"], data["roofline"], data["fit"]
-        numbers = {k: _non_negative(fit[k], k) for k in FIT_KEYS}
+        numbers = {k: non_negative(fit[k], k) for k in FIT_KEYS}
         for k in ("peak_flops", "bandwidth", "bytes_per_param"):
-            numbers[k] = _non_negative(roof[k], k)
+            numbers[k] = non_negative(roof[k], k)
             if numbers[k] == 0:
                 raise ValueError(f"{k} must be > 0")
         samples = tuple(
@@ -318,13 +319,13 @@ def _from_json(data: Any, path: Path) -> MachineCalibration:
                 slots=int(x["slots"]),
                 context=int(x["context"]),
                 window=int(x["window"]),
-                seconds=_non_negative(x["seconds"], "seconds"),
-                times=tuple(_non_negative(t, "times") for t in x["times"]),
+                seconds=non_negative(x["seconds"], "seconds"),
+                times=tuple(non_negative(t, "times") for t in x["times"]),
             )
             for x in data["samples"]
         )
         t_draft = {
-            str(k): _non_negative(v, f"t_draft[{k}]") for k, v in dict(data["t_draft"]).items()
+            str(k): non_negative(v, f"t_draft[{k}]") for k, v in dict(data["t_draft"]).items()
         }
         return MachineCalibration(
             teacher=str(teacher["fingerprint"]),
@@ -333,7 +334,7 @@ def _from_json(data: Any, path: Path) -> MachineCalibration:
             machine=dict(data["machine"]),
             date=str(data["date"]),
             samples=samples,
-            t_other=_non_negative(data["t_other"], "t_other"),
+            t_other=non_negative(data["t_other"], "t_other"),
             t_draft=t_draft,
             details=dict(data.get("details", {})),
             **numbers,
@@ -344,7 +345,9 @@ def _from_json(data: Any, path: Path) -> MachineCalibration:
         raise bad(str(err)) from None
 
 
-def _non_negative(value: Any, name: str) -> float:
+def non_negative(value: Any, name: str) -> float:
+    """``value`` as a float, if it is a finite number >= 0 (not a bool); else ValueError
+    naming ``name`` (what a file read back must hold for a time or a coefficient)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number, got {value!r}")
     if not math.isfinite(value) or value < 0:
