@@ -549,12 +549,12 @@ def test_the_tree_shape_is_checked_and_wired(teacher, monkeypatch):
     assert beam.drafter.tree_shape == "beam"
     assert beam.drafter.max_nodes == beam.spec.budget == 12  # three per level, four levels
     # Its drafting cost is calibrated apart from chains of the same budget and depth.
-    assert curve.draft_cost_key(beam) == "draft-target:budget=12,depth=4,beam=3"
+    assert curve.draft_cost_key(beam) == "draft-target:budget=12,depth=4,beam=3,rev=1"
     chains = dataclasses.replace(beam, drafter=dataclasses.replace(beam.drafter, top_k=3))
     chains = dataclasses.replace(
         chains, drafter=dataclasses.replace(chains.drafter, tree_shape="chains")
     )
-    assert curve.draft_cost_key(chains) == "draft-target:budget=12,depth=4"
+    assert curve.draft_cost_key(chains) == "draft-target:budget=12,depth=4,rev=1"
     ngram = methods.make_method("ngram", SpecConfig(budget=8, depth=4), draft_tree="beam")
     assert ngram.spec.budget == 8  # other drafters ignore it
 

@@ -102,6 +102,44 @@ def test_propose_gives_a_valid_tree_under_jit_even_with_nan(tiny, poison):
         assert valid.tolist() == [True] + [False] * 10
 
 
+@pytest.mark.parametrize("split", [1, 4, 11])
+def test_the_updated_head_state_predicts_what_the_training_time_test_does(tiny, split):
+    """After the prompt's features (``split`` of them at first, the rest in a second update
+    padded to a longer backlog), the head's kept hidden state gives the root's children the
+    logits the training code's first step gives the same slot: the update's one-row attention
+    and MLP compute what the all-rows formula of ``ttt_logits`` does."""
+    cfg, _, head_cfg, params = tiny
+    drafter = eagle3.Eagle3Drafter(config=head_cfg, budget=4, depth=3, top_k=2)
+    n, capacity = 13, 32  # tokens[12] is the root; features of positions 0..11
+    tokens = jnp.asarray((np.arange(capacity) * 7) % 50 + 3, jnp.int32)
+    feats = jax.random.normal(
+        jax.random.key(9), (n - 1, len(head_cfg.feature_layers), cfg.hidden_size), jnp.float32
+    )
+    first = DraftContext(
+        tokens=tokens,
+        num_tokens=jnp.int32(split + 1),
+        features=feats[:split],
+        num_features=jnp.int32(split),
+    )
+    rest = n - 1 - split
+    backlog = jnp.zeros((rest + 5, *feats.shape[1:]), jnp.float32).at[:rest].set(feats[split:])
+    second = DraftContext(
+        tokens=tokens, num_tokens=jnp.int32(n), features=backlog, num_features=jnp.int32(rest)
+    )
+    state = jax.jit(drafter.update)(params, jax.jit(drafter.init_state)(params, first), second)
+    assert int(state.length) == n - 1
+
+    embed = params["embed"].astype(jnp.float32)
+    # ttt_logits reads tokens[s + 1] for slot s: the last slot (n - 2) needs the root, so it
+    # gets one more token and a padding feature row (causal: slot n - 2 never reads it).
+    reference = eagle3.ttt_logits(
+        params["head"], head_cfg, embed, jnp.concatenate([feats, feats[:1]]), tokens[:n], 1
+    )[0, n - 2]
+    ours = eagle3.draft_logits(params["head"], head_cfg, state.last_hidden[None])[0]
+    np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-4)
+    assert int(jnp.argmax(ours)) == int(jnp.argmax(reference))
+
+
 def _propose(drafter, params, ctx):
     state = drafter.init_state(params, ctx)
     return jax.jit(drafter.propose)(params, state, ctx, jax.random.key(0)).tree

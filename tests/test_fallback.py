@@ -19,7 +19,7 @@ from eaglepangu_jax.drafters.registry import configure_drafter
 from eaglepangu_jax.engine.config import SpecConfig
 from eaglepangu_jax.engine.decode import Teacher, generate
 from eaglepangu_jax.engine.drafter import DraftContext, Proposal
-from eaglepangu_jax.methods.registry import DRAFTER_BUDGETS, make_method
+from eaglepangu_jax.methods.registry import DRAFTER_BUDGETS, Method, make_method
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import random_params
 
@@ -125,6 +125,29 @@ def test_configuring_the_pair_sets_the_primary_and_caps_the_fallback(tiny):
     assert (small.budget, small.max_depth) == (2, 5)
     assert small.feature_layers == tuple(head_cfg.feature_layers)
     assert small.name == "ngram-eagle3"
+
+
+def test_the_pairs_cost_key_changes_when_a_parts_drafting_cost_does(tiny):
+    """A calibration keeps each method's drafting cost under a key naming the drafter's cost
+    revision; a pair's names its parts', so the pair is timed again when its head's update
+    gets cheaper, as the head alone is."""
+    from eaglepangu_jax.calibration.curve import draft_cost_key
+
+    _, head_cfg, _ = tiny
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Revised(eagle3.Eagle3Drafter):
+        cost_revision = eagle3.Eagle3Drafter.cost_revision + 1
+
+    pair = _pair(head_cfg)
+    revised = dataclasses.replace(pair, fallback=Revised(config=head_cfg, budget=1, depth=1))
+    assert pair.cost_revision == eagle3.Eagle3Drafter.cost_revision  # n-gram has none
+    spec = SpecConfig(budget=6, depth=4)
+    keys = [
+        draft_cost_key(Method(name="ngram-eagle3", spec=spec, drafter=d)) for d in (pair, revised)
+    ]
+    assert keys[0] == f"ngram-eagle3:budget=6,depth=4,rev={eagle3.Eagle3Drafter.cost_revision}"
+    assert keys[1] != keys[0]
 
 
 def test_trees_that_cannot_be_combined_are_refused_by_name(tiny):

@@ -136,6 +136,22 @@ def test_cached_incremental_equals_uncached(params):
         cache = _with_length(cache, hi)
 
 
+@pytest.mark.parametrize("rows", [[0], [9], [4, 4, 1]])
+def test_logits_of_chosen_rows_are_those_rows_of_the_full_logits(params, rows):
+    """``logits_rows`` computes only the rows a caller keeps (a drafter's root): the same
+    values as the full forward's rows, the features and cache untouched."""
+    tokens = jnp.asarray([3, 14, 15, 92, 65, 35, 89, 79, 32, 38], jnp.int32)
+    args = (tokens, jnp.arange(10), _empty_cache(), jnp.asarray(_causal(10)))
+    full, feats, cache = _forward(params, *args, feature_layers=(1,))
+    some, some_feats, some_cache = jax.jit(
+        llama.forward, static_argnames=("config", "feature_layers")
+    )(params, *args, config=CONFIG, feature_layers=(1,), logits_rows=jnp.asarray(rows))
+    assert some.shape == (len(rows), CONFIG.vocab_size)
+    np.testing.assert_allclose(some, np.asarray(full)[rows], atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(some_feats, feats)
+    np.testing.assert_array_equal(some_cache.k, cache.k)
+
+
 def test_tree_verified_at_once_equals_paths_decoded(params):
     # Committed prefix of 3, then a tree (node: parent) 0:-, 1:0, 2:0, 3:1, 4:3, 5:2.
     prefix = [7, 8, 9]

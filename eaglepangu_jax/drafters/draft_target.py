@@ -223,6 +223,10 @@ class DraftTargetDrafter:
 
     name: ClassVar[str] = "draft-target"
     feature_layers: ClassVar[tuple[int, ...]] = ()  # reads tokens only, never teacher features
+    # Raised when the same tree's drafting cost changes (1: the update computes the root's
+    # logits only, not every fed row's), so a calibration's cost measured before is measured
+    # again (:func:`eaglepangu_jax.calibration.curve.draft_cost_key`).
+    cost_revision: ClassVar[int] = 1
 
     config: LlamaConfig
     teacher_config: LlamaConfig
@@ -290,8 +294,12 @@ class DraftTargetDrafter:
         )
         positions = committed + jnp.arange(width, dtype=jnp.int32)
         mask = block_mask(width, committed, context.start, slots)
-        logits, _, cache = llama.forward(params, fed, positions, cache, mask, config=self.config)
-        root = logits[jnp.clip(emitted - 1, 0, width - 1)]
+        # Only the root's logits are kept: the vocabulary product runs for that row alone.
+        newest = jnp.clip(emitted - 1, 0, width - 1)[None]
+        root, _, cache = llama.forward(
+            params, fed, positions, cache, mask, config=self.config, logits_rows=newest
+        )
+        root = root[0]
         return DraftTargetState(
             cache=cache_lib.advance(cache, emitted),
             logits=jnp.where(emitted > 0, root, state.logits),

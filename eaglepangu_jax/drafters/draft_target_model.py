@@ -100,10 +100,19 @@ def prefill(
         ids = jax.lax.dynamic_slice(padded, (begin,), (PREFILL_CHUNK,))
         mask = block_mask(PREFILL_CHUNK, begin, start, num_slots)
         kv = cache_lib.truncate(kv, begin)  # the chunk's K/V land at slot `begin`
-        logits, _, kv = llama.forward(params, ids, begin + offsets, kv, mask, config=config)
         row = num - 1 - begin
         here = (row >= 0) & (row < PREFILL_CHUNK)
-        return kv, jnp.where(here, logits[jnp.clip(row, 0, PREFILL_CHUNK - 1)], root_logits)
+        # One row's logits are kept (the root's, in the chunk holding it): only it is computed.
+        logits, _, kv = llama.forward(
+            params,
+            ids,
+            begin + offsets,
+            kv,
+            mask,
+            config=config,
+            logits_rows=jnp.clip(row, 0, PREFILL_CHUNK - 1)[None],
+        )
+        return kv, jnp.where(here, logits[0], root_logits)
 
     init = (cache, jnp.zeros((config.vocab_size,), jnp.float32))
     trips = (num + PREFILL_CHUNK - 1) // PREFILL_CHUNK

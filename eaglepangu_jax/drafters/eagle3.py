@@ -12,7 +12,9 @@ drafted token yet)::
     slot j+1   [h_j   | x_{j+2}]  -> h_{j+1}  -> predicts x_{j+3}   (draft / training-time test)
 
 **Draft time.** The drafter state keeps the head's K/V of every committed slot (teacher
-features known), so a round costs at most ``min(depth, budget) - 1`` forwards of ``top_k``
+features known) and the hidden state of the newest one (the update computes K/V for every new
+slot but runs the attention and MLP for the newest only: the others' hidden states are never
+read), so a round costs at most ``min(depth, budget) - 1`` forwards of ``top_k``
 tokens (a tree of ``budget`` nodes holds no node deeper than ``budget``: see
 :attr:`Eagle3Drafter.tree_levels`; one node a round costs no forward at all, its candidates
 are the root's children, read from the head state the last update left). The tree is grown
@@ -139,9 +141,10 @@ class Eagle3Drafter(FeatureHeadDrafter):
 
     name: ClassVar[str] = "eagle3"
     # Raised when the same tree's drafting cost changes (1: no level below tree_levels is
-    # grown), so a calibration's cost measured before is not read but measured again
+    # grown; 2: the update runs the head's attention and MLP for the newest row only), so a
+    # calibration's cost measured before is not read but measured again
     # (:func:`eaglepangu_jax.calibration.curve.draft_cost_key`).
-    cost_revision: ClassVar[int] = 1
+    cost_revision: ClassVar[int] = 2
 
     config: Eagle3Config
     budget: int = 16
@@ -201,12 +204,17 @@ class Eagle3Drafter(FeatureHeadDrafter):
         slot = jnp.where(live, pos, c)  # c is past the end: dropped, never wrapped
         keys = state.k.at[slot].set(k, mode="drop")
         values = state.v.at[slot].set(v, mode="drop")
+        # Every new slot needs its K/V (above), but only the newest one's hidden state is kept
+        # (the root's children are read from it), so the attention, output projection and
+        # MLP run for that one row: on a CPU a one-row product is a matrix-vector product,
+        # and a catch-up over a long backlog no longer runs the MLP over every row of it.
         s = jnp.arange(c, dtype=jnp.int32)
         first = jnp.maximum(state.first, context.start)
-        mask = (s[None, :] >= first) & (s[None, :] <= pos[:, None])
-        h = finish(head, cfg, feat, attend(cfg, q, keys, values, mask))
         last = jnp.clip(nf - 1, 0, a - 1)
-        last_hidden = jnp.where(nf > 0, h[last], state.last_hidden)
+        mask = ((s >= first) & (s <= pos[last]))[None, :]
+        newest = jax.lax.dynamic_slice_in_dim(q, last, 1)
+        h = finish(head, cfg, feat[last][None], attend(cfg, newest, keys, values, mask))[0]
+        last_hidden = jnp.where(nf > 0, h, state.last_hidden)
         return Eagle3State(
             k=keys,
             v=values,

@@ -112,6 +112,13 @@ class FallbackDrafter:
     def feature_layers(self) -> tuple[int, ...]:
         return tuple(self.primary.feature_layers or self.fallback.feature_layers)
 
+    @property
+    def cost_revision(self) -> int:
+        """The parts' cost revisions added up: when either part drafts the same tree at a new
+        cost, the pair's calibrated cost is measured again
+        (:func:`eaglepangu_jax.calibration.curve.draft_cost_key`)."""
+        return sum(getattr(d, "cost_revision", 0) for d in (self.primary, self.fallback))
+
     def configured(self, *, budget: int, depth: int, configure) -> "FallbackDrafter":
         """The pair at a run's ``budget`` and ``depth``: the primary takes both, the fallback
         keeps its own tree where that is smaller (``configure`` sets one drafter's)."""

@@ -97,6 +97,7 @@ def forward(
     *,
     config: LlamaConfig,
     feature_layers: tuple[int, ...] = (),
+    logits_rows: Int[Array, " R"] | None = None,
 ) -> tuple[Float[Array, "T V"], Float[Array, "T F H"], KVCache]:
     """Run ``T`` new tokens through the decoder against ``cache``.
 
@@ -118,6 +119,9 @@ def forward(
         feature_layers: static layer indices in ``[0, L)``; ``features[:, f]`` is the
             residual stream *leaving* layer ``feature_layers[f]`` (0-based, before the final
             norm), i.e. the transformers ``hidden_states[feature_layers[f] + 1]``.
+        logits_rows: when given, only these rows' logits are computed and returned (``[R,
+            V]``): a caller that keeps one row of a many-row forward skips the vocabulary
+            product of the others (the largest single product of a small model).
 
     Returns:
         ``(logits [T, V] float32, features [T, F, H] in the parameter dtype, cache)`` with the
@@ -132,6 +136,7 @@ def forward(
         mask,
         config=config,
         feature_layers=feature_layers,
+        logits_rows=logits_rows,
     )
 
 
@@ -168,6 +173,7 @@ def forward_residual(
     *,
     config: LlamaConfig,
     feature_layers: tuple[int, ...] = (),
+    logits_rows: Int[Array, " R"] | None = None,
 ) -> tuple[Float[Array, "T V"], Float[Array, "T F H"], KVCache]:
     """:func:`forward` from a residual stream instead of token ids: ``x`` enters the first of
     ``params``'s layers (:func:`forward` is the embedding lookup followed by this). With the
@@ -179,7 +185,7 @@ def forward_residual(
     cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)
     run = _layers_unrolled if is_prepared(params) else _layers_scanned
     x, k_all, v_all, taps = run(params, x, cache, cos, sin, mask, config, feature_layers)
-    logits, features = _outputs(params, x, taps, feature_layers, config)
+    logits, features = _outputs(params, x, taps, feature_layers, config, logits_rows)
     return logits, features, dataclasses.replace(cache, k=k_all, v=v_all)
 
 
@@ -497,12 +503,15 @@ def _masked_softmax(
     return weights / jnp.maximum(total, jnp.float32(1e-30))
 
 
-def _outputs(params, x, taps, feature_layers, config):
-    """Logits of the last residual stream and the tapped features ``[T, F, H]``."""
+def _outputs(params, x, taps, feature_layers, config, logits_rows=None):
+    """Logits of the last residual stream (of ``logits_rows`` only, when given) and the
+    tapped features ``[T, F, H]``."""
     if feature_layers:
         features = jnp.stack([taps[i] for i in feature_layers], axis=1)
     else:
         features = jnp.zeros((x.shape[0], 0, config.hidden_size), x.dtype)
+    if logits_rows is not None:
+        x = x[jnp.clip(jnp.asarray(logits_rows, jnp.int32), 0, x.shape[0] - 1)]
     logits = _lm_head(rms_norm(x, params["final_norm"], config.rms_norm_eps), params)
     if "vocab_ids" in params:
         # The head scores only these tokens: the rest can never be proposed.
