@@ -296,13 +296,12 @@ class DraftTargetDrafter:
         mask = block_mask(width, committed, context.start, slots)
         # Only the root's logits are kept: the vocabulary product runs for that row alone.
         newest = jnp.clip(emitted - 1, 0, width - 1)[None]
-        root, _, cache = llama.forward(
+        logits, _, cache = llama.forward(
             params, fed, positions, cache, mask, config=self.config, logits_rows=newest
         )
-        root = root[0]
         return DraftTargetState(
             cache=cache_lib.advance(cache, emitted),
-            logits=jnp.where(emitted > 0, root, state.logits),
+            logits=jnp.where(emitted > 0, logits[0], state.logits),
         )
 
     def propose(

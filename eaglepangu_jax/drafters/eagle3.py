@@ -212,8 +212,7 @@ class Eagle3Drafter(FeatureHeadDrafter):
         first = jnp.maximum(state.first, context.start)
         last = jnp.clip(nf - 1, 0, a - 1)
         mask = ((s >= first) & (s <= pos[last]))[None, :]
-        newest = jax.lax.dynamic_slice_in_dim(q, last, 1)
-        h = finish(head, cfg, feat[last][None], attend(cfg, newest, keys, values, mask))[0]
+        h = finish(head, cfg, feat[last][None], attend(cfg, q[last][None], keys, values, mask))[0]
         last_hidden = jnp.where(nf > 0, h, state.last_hidden)
         return Eagle3State(
             k=keys,
