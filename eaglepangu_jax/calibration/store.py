@@ -27,6 +27,7 @@ import numpy as np
 from eaglepangu_jax import budget as budget_lib
 from eaglepangu_jax.engine import decode as gen
 from eaglepangu_jax.files import write_text_atomic
+from eaglepangu_jax.models import few_row
 from eaglepangu_jax.models.config import LlamaConfig
 
 __all__ = [
@@ -153,11 +154,14 @@ def teacher_fingerprint(config: LlamaConfig, dtype: str = "float32") -> str:
 
 
 def describe_machine() -> dict[str, Any]:
-    """The host and accelerator a calibration belongs to, and the XLA flags it ran under
-    (they change the kernels XLA picks: the test suite compiles at -O0, for one)."""
+    """The host and accelerator a calibration belongs to, the XLA flags it ran under (they
+    change the kernels XLA picks: the test suite compiles at -O0, for one) and whether the
+    few-row product kernel ran (:func:`eaglepangu_jax.models.few_row.identity`: it changes
+    what a small verify costs)."""
     device = jax.devices()[0]
     return {
         "xla_flags": os.environ.get("XLA_FLAGS", "").strip(),
+        "few_row_kernel": few_row.identity(),
         "system": platform.system(),
         "machine": platform.machine(),
         "processor": _cpu_model(),
@@ -181,8 +185,9 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-# A calibration (or layout probe) from before the flags were recorded is measured again.
-MACHINE_KEYS = ("machine", "processor", "backend", "device_kind", "xla_flags")
+# A calibration (or layout probe) from before the flags (or the kernel) were recorded is
+# measured again.
+MACHINE_KEYS = ("machine", "processor", "backend", "device_kind", "xla_flags", "few_row_kernel")
 
 
 def same_machine(calibration: MachineCalibration) -> bool:

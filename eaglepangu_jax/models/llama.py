@@ -50,6 +50,7 @@ from jaxtyping import Array, Bool, Float, Int
 from eaglepangu_jax import cache as cache_lib
 from eaglepangu_jax import mask as mask_lib
 from eaglepangu_jax.cache import KVCache
+from eaglepangu_jax.models import few_row
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
 
@@ -422,7 +423,9 @@ def rms_norm(
 
 def _product(x: Float[Array, "T I"], weights: dict, name: str) -> Float[Array, "T O"]:
     """``x @ weights[name]``, from the ``[out, in]`` copy when there is one and ``T`` is at
-    least :data:`TRANSPOSED_MIN_ROWS` (``T`` is static: the choice is made at trace time)."""
+    least :data:`TRANSPOSED_MIN_ROWS`, else on the few-row kernel where it applies
+    (:mod:`~eaglepangu_jax.models.few_row`: a verify of 2-8 slots on a CPU), else XLA's
+    product (``T`` is static: the choice is made at trace time)."""
     copies = weights.get(TRANSPOSED)
     if copies is not None and x.shape[0] >= TRANSPOSED_MIN_ROWS:
         copy, weight = copies[name], weights[name]
@@ -433,6 +436,8 @@ def _product(x: Float[Array, "T I"], weights: dict, name: str) -> Float[Array, "
                 "drop stale copies with llama.without_transposed_copy before replacing weights"
             )
         return jax.lax.dot_general(x, copy, (((1,), (1,)), ((), ())))
+    if few_row.applies(x, weights[name]):
+        return few_row.product(x, weights[name])
     return x @ weights[name]
 
 

@@ -1,0 +1,97 @@
+// y[M, N] = x[M, K] @ w[K, N] in float32 for a few rows M, as an XLA FFI custom call.
+//
+// Why: a decoding step multiplies one row by every weight matrix and streams the weights at
+// the memory-bandwidth floor. Verifying a small tree multiplies 2-8 rows by the same weights,
+// and XLA's CPU matrix-matrix kernels stream them markedly slower: on 2 cores of an AMD EPYC
+// the teacher's products cost ~1.35x one row at 2-4 rows (docs/RESULTS.md, "A few-row
+// product kernel"). Here the weights are read once, in memory order, for all rows: each
+// thread owns a contiguous range of output columns; for every KB = 8 consecutive rows of w
+// it loads each 16-column piece of the M outputs into registers, adds the KB rows' terms
+// (fused multiply-add, x broadcast from memory) and stores them back. The outputs of a range
+// stay in the core's caches, the weights stream through once; so a few rows cost about what
+// one row costs.
+//
+// Every output element is summed over k = 0, 1, ..., K - 1 in that order whatever M, the
+// thread count or the range: a row's result does not depend on the rows it is computed with.
+//
+// Built at first use by eaglepangu_jax/models/few_row.py (AVX-512F, OpenMP); the caller
+// checks the shapes (x [M, K] with 1 <= M <= 16, w [K, N] with N a multiple of 16).
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace {
+
+constexpr int64_t kLanes = 16;    // floats per AVX-512 register
+constexpr int64_t kMaxRows = 16;  // one accumulator register per row, plus the weight piece
+constexpr int kRowsPerLoad = 8;   // rows of w added to the outputs between loads and stores
+
+// Output columns [begin, end) of the R rows.
+template <int R>
+void Sweep(const float* x, int64_t K, const float* w, int64_t N, float* y, int64_t begin,
+           int64_t end) {
+  for (int64_t k0 = 0; k0 < K; k0 += kRowsPerLoad) {
+    const int64_t kb = std::min<int64_t>(kRowsPerLoad, K - k0);
+    const float* wk = w + k0 * N;
+    for (int64_t n = begin; n < end; n += kLanes) {
+      __m512 acc[R];
+      for (int r = 0; r < R; ++r) {
+        acc[r] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * N + n);
+      }
+      for (int64_t j = 0; j < kb; ++j) {
+        const __m512 piece = _mm512_loadu_ps(wk + j * N + n);
+        for (int r = 0; r < R; ++r) {
+          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + k0 + j]), piece, acc[r]);
+        }
+      }
+      for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * N + n, acc[r]);
+    }
+  }
+}
+
+template <int... Rs>
+void SweepRows(int64_t rows, const float* x, int64_t K, const float* w, int64_t N, float* y,
+               int64_t begin, int64_t end, std::integer_sequence<int, Rs...>) {
+  // Rs = 0, ..., kMaxRows - 1: dispatch to Sweep<rows>.
+  ((rows == Rs + 1 ? (Sweep<Rs + 1>(x, K, w, N, y, begin, end), 0) : 0), ...);
+}
+
+void FewRowProduct(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y) {
+  const int64_t pieces = N / kLanes;
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t begin = pieces * t / threads * kLanes;
+    const int64_t end = pieces * (t + 1) / threads * kLanes;
+    if (begin < end) {
+      SweepRows(M, x, K, w, N, y, begin, end, std::make_integer_sequence<int, kMaxRows>{});
+    }
+  }
+}
+
+xla::ffi::Error Product(xla::ffi::Buffer<xla::ffi::F32> x, xla::ffi::Buffer<xla::ffi::F32> w,
+                        xla::ffi::ResultBuffer<xla::ffi::F32> y) {
+  const auto xd = x.dimensions();
+  const auto wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0] || xd[0] < 1 || xd[0] > kMaxRows ||
+      wd[1] % kLanes != 0) {
+    return xla::ffi::Error::InvalidArgument(
+        "few_row_product: x must be [M, K] with 1 <= M <= 16 and w [K, N] with N a multiple "
+        "of 16");
+  }
+  FewRowProduct(x.typed_data(), xd[0], xd[1], w.typed_data(), wd[1], y->typed_data());
+  return xla::ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EaglepanguFewRowProduct, Product,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
