@@ -18,6 +18,10 @@ q, k and v against one ``[H, Q + 2 KV]`` weight, gate and up against one ``[H, 2
 (same bytes, two products a layer instead of five; key ``fused``, and
 ``fused_transposed`` with ``--transposed``).
 
+With ``--few-row`` the ``[in, out]`` products also run on the few-row product kernel
+(:mod:`eaglepangu_jax.models.few_row`, up to 16 rows; key ``few_row``), what the teacher's
+verify uses for 2-8 rows where it is available.
+
 Interleaved over ``--repeats`` passes (every row count timed once per pass, median kept).
 Writes JSON and prints a table. Example::
 
@@ -48,6 +52,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="also time q/k/v and gate/up as one product each (interleaved; reported apart)",
     )
+    p.add_argument(
+        "--few-row",
+        action="store_true",
+        help="also time the few-row product kernel (interleaved; reported apart)",
+    )
     p.add_argument("--json", required=True, help="the report to write")
     args = p.parse_args(argv)
     try:
@@ -57,13 +66,19 @@ def main(argv=None) -> int:
     bad_layers = args.layers is not None and args.layers < 1
     if not rows or min(rows) < 1 or args.repeats < 1 or bad_layers:
         p.error("--rows must be >= 1 each, --repeats and --layers >= 1")
+    if args.few_row and max(rows) > 16:
+        p.error("--few-row times at most 16 rows")
 
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from eaglepangu_jax.files import write_json_atomic
+    from eaglepangu_jax.models import few_row
     from eaglepangu_jax.models.config import LlamaConfig
+
+    if args.few_row and not few_row.available():
+        p.error(f"--few-row: the kernel cannot run here ({few_row.unavailable_reason()})")
 
     cfg = LlamaConfig.smollm2_135m()
     h, f = cfg.hidden_size, cfg.intermediate_size
@@ -100,6 +115,8 @@ def main(argv=None) -> int:
         return products
 
     variants = {"rows": (chain(lambda x, w: x @ w), layers, lm_head)}
+    if args.few_row:
+        variants["few_row"] = (chain(few_row.product), layers, lm_head)
     if args.transposed:
 
         def flip(v):
@@ -185,6 +202,7 @@ def main(argv=None) -> int:
             "transposed": "[out,in]",
             "fused": "fused",
             "fused_transposed": "fused^T",
+            "few_row": "few-row",
         }[name]
         for r in rows:
             row = report[name][str(r)]

@@ -48,6 +48,22 @@ def test_fused_products_are_timed_beside_both_layouts(script, tmp_path):
         assert set(report[name]) == {"1", "2"} and report[name]["1"]["vs_one_row"] == 1.0
 
 
+def test_the_few_row_kernel_is_timed_beside_xla(script, tmp_path):
+    from eaglepangu_jax.models import few_row
+
+    if not few_row.available():
+        pytest.skip(f"kernel unavailable: {few_row.unavailable_reason()}")
+    out = tmp_path / "rows.json"
+    argv = ["--rows", "1,2", "--repeats", "1", "--layers", "1", "--few-row"]
+    assert script.main([*argv, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["rows"]) == set(report["few_row"]) == {"1", "2"}
+
+
+def test_the_few_row_kernel_takes_at_most_16_rows(script, tmp_path, capsys):
+    assert "--few-row" in refusal(script, ["--rows", "1,17", "--few-row"], tmp_path, capsys)
+
+
 @pytest.mark.parametrize("bad", [["--rows", "0"], ["--rows", "a,b"], ["--layers", "0"]])
 def test_bad_arguments_are_refused_by_name(script, tmp_path, bad, capsys):
     assert "--rows" in refusal(script, bad, tmp_path, capsys)

@@ -42,7 +42,7 @@ from eaglepangu_jax.engine import step
 from eaglepangu_jax.engine.decode import Teacher
 from eaglepangu_jax.files import write_text_atomic
 from eaglepangu_jax.methods.registry import DEFAULT_BUDGET
-from eaglepangu_jax.models import llama
+from eaglepangu_jax.models import few_row, llama
 from eaglepangu_jax.models.config import LlamaConfig
 
 __all__ = [
@@ -257,6 +257,12 @@ def machine_layout(
                 bar.close()
         save_probe(probe, target)
         _say(f"the teacher runs {probe.describe()}")
+        reason = few_row.unavailable_reason()
+        _say(
+            "small verify trees multiply on the few-row product kernel"
+            if reason is None
+            else f"small verify trees multiply with XLA's products ({reason})"
+        )
     return with_layout(teacher, transposed_copy=probe.transposed_copy), probe
 
 
