@@ -6,8 +6,10 @@ the memory-bandwidth floor, but XLA's matrix-matrix kernels for 2-8 rows stream 
 weights markedly slower: on 2 cores of an AMD EPYC the teacher's products cost ~1.35x one
 row from two rows up, so every speculative round paid a third of a step before it accepted
 anything. ``few_row_product.cc`` (beside this file) reads the weights once, in memory order,
-for all rows; the same products at 2 / 4 / 5 rows then cost about 1.0 / 1.1 / 1.2x one row
-(docs/RESULTS.md, "A few-row product kernel").
+for all rows: there the teacher's products at 2 / 4 / 8 rows cost 1.11 / 1.17 / 1.51x one
+row (XLA: 1.48 / 1.33 / 1.60x), and the whole verify forward of 2 / 4 slots 1.02-1.05 /
+1.12-1.15x a one-token step (XLA: 1.31 / 1.31x; docs/RESULTS.md, "A few-row product
+kernel").
 
 The kernel is an XLA FFI custom call, compiled at first use with the machine's C++ compiler
 (``$CXX``, else ``c++``) for AVX-512F with OpenMP, cached in the project's cache folder under
