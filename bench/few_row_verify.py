@@ -72,6 +72,7 @@ def main(argv=None) -> int:
         return 0
 
     from eaglepangu_jax.files import write_json_atomic
+    from eaglepangu_jax.models.few_row import ENV_SWITCH
 
     child = [sys.executable, os.path.abspath(__file__), "--child", "--json", "-"]
     child += ["--slots", ",".join(map(str, args.slots)), "--context", str(args.context)]
@@ -79,11 +80,9 @@ def main(argv=None) -> int:
     runs = {"xla": [], "kernel": []}
     for _ in range(args.rounds):
         for name in runs:
-            env = dict(os.environ)
+            env = {k: v for k, v in os.environ.items() if k != ENV_SWITCH}
             if name == "xla":
-                env["EAGLEPANGU_FEW_ROW_KERNEL"] = "0"
-            else:
-                env.pop("EAGLEPANGU_FEW_ROW_KERNEL", None)
+                env[ENV_SWITCH] = "0"
             done = subprocess.run(child, env=env, capture_output=True, text=True, check=True)
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     if runs["kernel"][0]["kernel"] == "off":
