@@ -83,6 +83,69 @@ def test_the_switch_turns_the_kernel_off(monkeypatch):
     assert not few_row.applies(jnp.zeros((4, 8)), jnp.zeros((8, 32)))
 
 
+def test_a_switch_value_not_understood_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setenv(few_row.ENV_SWITCH, "sse4")
+    with pytest.raises(ValueError, match=f"{few_row.ENV_SWITCH}='sse4' is not understood"):
+        few_row.available()
+
+
+def _cpu_with(*flags):
+    return lambda: ("a CPU", frozenset(flags))
+
+
+@pytest.mark.parametrize(
+    "flags, switch, chosen, reason",
+    [
+        (("avx512f", "avx2", "fma"), "", "avx512", None),
+        (("avx512f", "avx2", "fma"), "avx2", "avx2", None),
+        (("avx2", "fma"), "auto", "avx2", None),
+        (("avx2", "fma"), "avx512", None, "asks for avx512, but the CPU lacks avx512f+fma"),
+        (("avx2",), "", None, "none of the instruction sets"),  # AVX2 without FMA
+        ((), "", None, "none of the instruction sets"),  # not x86-64
+        (("avx512f", "fma"), "off", None, "turned off by"),
+    ],
+)
+def test_the_instruction_set_follows_the_cpu_and_the_switch(
+    flags, switch, chosen, reason, monkeypatch
+):
+    monkeypatch.setattr(few_row, "_cpu", _cpu_with(*flags))
+    monkeypatch.setenv(few_row.ENV_SWITCH, switch)
+    got, why = few_row._chosen()
+    assert got == chosen
+    assert (why is None) if reason is None else (reason in why)
+
+
+def test_a_library_built_on_another_cpu_is_not_reused(monkeypatch):
+    monkeypatch.setattr(few_row, "_cpu", _cpu_with("avx2", "fma"))
+    here = few_row._library("avx2", "c++")
+    assert few_row._library("avx2", "c++") == here
+    monkeypatch.setattr(few_row, "_cpu", _cpu_with("avx2", "fma", "avx512f"))
+    assert few_row._library("avx2", "c++") != here
+    assert few_row._library("avx512", "c++") != few_row._library("avx2", "c++")
+
+
+def _builds_here(isa):
+    try:
+        return few_row._chosen()[0] is not None and few_row._build(isa)[0] is not None
+    except ValueError:
+        return False
+
+
+@pytest.mark.skipif(
+    not (_builds_here("avx512") and _builds_here("avx2") and few_row._cpu()[1] >= {"avx512f"}),
+    reason="needs a CPU with AVX-512F and AVX2 and a kernel build for each",
+)
+def test_the_avx2_and_avx512_builds_give_bitwise_the_same_products(monkeypatch):
+    # Every output is the same chain of fused multiply-adds whatever the register width.
+    x, w = _operands(8, 576, 1536, seed=3)
+    results = {}
+    for isa in ("avx512", "avx2"):
+        monkeypatch.setenv(few_row.ENV_SWITCH, isa)
+        assert few_row.identity().startswith(f"v2-{isa}-")
+        results[isa] = np.asarray(few_row.product(x, w))
+    np.testing.assert_array_equal(results["avx512"], results["avx2"])
+
+
 def test_the_machine_description_names_the_kernel(monkeypatch):
     assert store.describe_machine()["few_row_kernel"] == few_row.identity()
     monkeypatch.setenv(few_row.ENV_SWITCH, "off")

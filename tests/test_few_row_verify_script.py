@@ -31,7 +31,18 @@ def test_each_slot_count_gets_a_median(script):
         (["--slots", "a"], "--slots"),
         (["--passes", "0"], "--passes"),
         (["--rounds", "0"], "--rounds"),
+        (["--settings", "xla,sse"], "--settings"),
+        (["--settings", "xla,xla"], "--settings"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(script, tmp_path, capsys, bad, named):
     assert named in refusal(script, bad, tmp_path, capsys)
+
+
+def test_each_setting_names_a_value_of_the_kernels_switch(script):
+    from eaglepangu_jax.models import few_row
+
+    assert script.SETTINGS["xla"] == "0" and script.SETTINGS["kernel"] is None
+    # every instruction set the kernel is built for can be asked for by name
+    assert set(few_row.INSTRUCTION_SETS) <= set(script.SETTINGS)
+    assert script.setting_list("avx2, xla") == ["avx2", "xla"]

@@ -12,13 +12,17 @@ row (XLA: 1.48 / 1.33 / 1.60x), and the whole verify forward of 2 / 4 slots 1.02
 kernel").
 
 The kernel is an XLA FFI custom call, compiled at first use with the machine's C++ compiler
-(``$CXX``, else ``c++``) for AVX-512F with OpenMP, cached in the project's cache folder under
-a name that hashes its source, flags and the JAX version (written atomically), and registered
-with JAX. :func:`available` says whether it can run here; it cannot without an x86-64 CPU
-with AVX-512F, a C++ compiler, or JAX's CPU backend, and ``EAGLEPANGU_FEW_ROW_KERNEL=0``
-turns it off. Where it cannot, :func:`applies` is False and callers use XLA's product: the
-results agree to float rounding either way (the kernel sums every output over ``k`` in
-order; it is not bitwise XLA's).
+(``$CXX``, else ``c++``) with OpenMP for the widest instruction set the CPU has of
+:data:`INSTRUCTION_SETS` (AVX-512F, else AVX2 with FMA; both builds give bitwise the same
+results), cached in the project's cache folder under a name that hashes its source, flags,
+the JAX version and the CPU's model and flags (written atomically), and registered with JAX.
+:func:`available` says whether it can run here; it cannot without an x86-64 CPU with one of
+those instruction sets, a C++ compiler, or JAX's CPU backend. ``EAGLEPANGU_FEW_ROW_KERNEL``
+chooses: unset (or ``auto``) the widest set, ``avx512`` or ``avx2`` that one (``avx2`` on
+an AVX-512 machine shows what a machine without AVX-512 gets), ``0`` / ``off`` none. Where
+the kernel does not run, :func:`applies` is False and callers use XLA's product: the results
+agree to float rounding either way (the kernel sums every output over ``k`` in order; it is
+not bitwise XLA's).
 
 :func:`eaglepangu_jax.models.llama` routes a product through it when :func:`applies`: float32
 operands, ``MIN_ROWS <= rows <= MAX_ROWS``, a column count divisible by 16. One row stays with
@@ -49,6 +53,8 @@ __all__ = [
     "MIN_ROWS",
     "MAX_ROWS",
     "ENV_SWITCH",
+    "INSTRUCTION_SETS",
+    "instruction_set",
     "available",
     "unavailable_reason",
     "identity",
@@ -63,52 +69,114 @@ log = logging.getLogger(__name__)
 MIN_ROWS = 2
 MAX_ROWS = 8
 ENV_SWITCH = "EAGLEPANGU_FEW_ROW_KERNEL"
-_LANES = 16  # the kernel works on 16-float column pieces
+# The instruction sets the kernel is built for, widest first: each with the CPU flags it needs
+# (as /proc/cpuinfo names them) and the compiler flags that select its code path in the source.
+INSTRUCTION_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "avx512": (("avx512f", "fma"), ("-mavx512f", "-mfma")),
+    "avx2": (("avx2", "fma"), ("-mavx2", "-mfma")),
+}
+_OFF = ("0", "off", "false", "no")
+_AUTO = ("", "1", "on", "true", "yes", "auto")
+_LANES = 16  # columns are split between the kernel's threads in pieces of 16
 _SOURCE = Path(__file__).with_name("few_row_product.cc")
 _SYMBOL = "EaglepanguFewRowProduct"
-_TARGET = "eaglepangu_few_row_product_v1"
-_FLAGS = ("-std=c++17", "-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC", "-w")
+_TARGET = "eaglepangu_few_row_product_v2_{}"
+_FLAGS = ("-std=c++17", "-O3", "-fopenmp", "-shared", "-fPIC", "-w")
 
 
-def _switched_off() -> bool:
-    return os.environ.get(ENV_SWITCH, "").strip().lower() in ("0", "off", "false", "no")
+def _switch() -> str:
+    """The switch's value, normalised: "off", "auto" or an instruction set's name."""
+    value = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if value in _OFF:
+        return "off"
+    if value in _AUTO:
+        return "auto"
+    if value in INSTRUCTION_SETS:
+        return value
+    raise ValueError(
+        f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r} is not understood: expected unset or "
+        f"'auto', one of {sorted(INSTRUCTION_SETS)}, or '0' / 'off'"
+    )
 
 
-def _cpu_has_avx512f() -> bool:
+@functools.cache
+def _cpu() -> tuple[str, frozenset[str]]:
+    """The CPU's model name and flags (empty off x86-64 or without /proc/cpuinfo)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
+        return platform.machine(), frozenset()
+    model, flags = "", frozenset()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = frozenset(value.split())
     except OSError:
-        return False
+        pass
+    return model, flags
 
 
 def _cache_folder() -> Path:
     return resolve_cache_dir() / "kernels"
 
 
+def _chosen() -> tuple[str | None, str | None]:
+    """``(instruction set, None)`` the switch and the CPU choose, else ``(None, reason)``."""
+    switch = _switch()
+    if switch == "off":
+        return None, f"turned off by {ENV_SWITCH}"
+    _, flags = _cpu()
+    usable = [name for name, (needs, _) in INSTRUCTION_SETS.items() if flags.issuperset(needs)]
+    if switch == "auto":
+        if not usable:
+            wanted = " or ".join("+".join(needs) for needs, _ in INSTRUCTION_SETS.values())
+            return None, f"the CPU has none of the instruction sets the kernel needs ({wanted})"
+        return usable[0], None
+    if switch not in usable:
+        needs = "+".join(INSTRUCTION_SETS[switch][0])
+        return None, f"{ENV_SWITCH} asks for {switch}, but the CPU lacks {needs}"
+    return switch, None
+
+
+def _compile_flags(isa: str) -> tuple[str, ...]:
+    return (*_FLAGS, *INSTRUCTION_SETS[isa][1])
+
+
+def _library(isa: str, compiler: str) -> Path:
+    """Where the kernel built for ``isa`` by ``compiler`` is cached. The name hashes all that
+    shapes the machine code, the CPU included: a cache folder shared between machines never
+    hands one a library built for instructions it lacks."""
+    model, cpu_flags = _cpu()
+    parts = [
+        _SOURCE.read_bytes(),
+        " ".join(_compile_flags(isa)).encode(),
+        jax.__version__.encode(),
+        compiler.encode(),
+        model.encode(),
+        " ".join(sorted(cpu_flags)).encode(),
+    ]
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    return _cache_folder() / f"few_row_{isa}_{digest}.so"
+
+
 @functools.cache
-def _build() -> tuple[str | None, str | None]:
-    """``(identity, None)`` once the kernel is compiled, loaded and registered, else
-    ``(None, reason)``. Runs once per process."""
+def _build(isa: str) -> tuple[str | None, str | None]:
+    """``(identity, None)`` once the kernel for ``isa`` is compiled, loaded and registered,
+    else ``(None, reason)``. Runs once per process and instruction set."""
     if jax.default_backend() != "cpu":
         return None, f"JAX's backend is {jax.default_backend()!r}, not the CPU"
-    if not _cpu_has_avx512f():
-        return None, "the CPU has no AVX-512F"
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     if compiler is None:
         return None, "no C++ compiler found ($CXX, else c++)"
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(
-        source + " ".join(_FLAGS).encode() + jax.__version__.encode() + compiler.encode()
-    ).hexdigest()[:16]
-    library = _cache_folder() / f"few_row_{digest}.so"
+    flags = _compile_flags(isa)
+    library = _library(isa, compiler)
     if not library.exists():
         library.parent.mkdir(parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(dir=library.parent, suffix=".so.partial")
         os.close(fd)
-        command = [compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", partial]
+        command = [compiler, *flags, f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", partial]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
@@ -121,17 +189,17 @@ def _build() -> tuple[str | None, str | None]:
                 os.unlink(partial)
     try:
         handler = getattr(ctypes.cdll.LoadLibrary(str(library)), _SYMBOL)
-        jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(handler), platform="cpu")
+        jax.ffi.register_ffi_target(_TARGET.format(isa), jax.ffi.pycapsule(handler), platform="cpu")
     except (OSError, AttributeError) as err:
         return None, f"loading the kernel failed: {err}"
-    return f"v1-{digest}", None
+    return f"v2-{isa}-{library.stem.rsplit('_', 1)[-1]}", None
 
 
 def unavailable_reason() -> str | None:
-    """Why the kernel does not run here (``None`` when it does)."""
-    if _switched_off():
-        return f"turned off by {ENV_SWITCH}"
-    return _build()[1]
+    """Why the kernel does not run here (``None`` when it does). Raises ``ValueError`` when
+    the switch's value is not understood."""
+    isa, reason = _chosen()
+    return reason if isa is None else _build(isa)[1]
 
 
 def available() -> bool:
@@ -139,10 +207,17 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
+def instruction_set() -> str | None:
+    """The instruction set products run on here (a key of :data:`INSTRUCTION_SETS`), or
+    ``None`` where the kernel does not run."""
+    return _chosen()[0] if available() else None
+
+
 def identity() -> str:
-    """``"off"``, or the kernel's version and build hash: recorded with a machine's timings
-    (calibration, layout probe), which the kernel changes."""
-    return _build()[0] if available() else "off"
+    """``"off"``, or the kernel's version, instruction set and build hash: recorded with a
+    machine's timings (calibration, layout probe), which the kernel changes."""
+    isa = instruction_set()
+    return "off" if isa is None else _build(isa)[0]
 
 
 def applies(x: jax.Array, w: jax.Array) -> bool:
@@ -163,8 +238,11 @@ def applies(x: jax.Array, w: jax.Array) -> bool:
 def product(x: Float[Array, "M K"], w: Float[Array, "K N"]) -> Float[Array, "M N"]:
     """``x @ w`` on the kernel (call only where :func:`applies`); differentiable (the
     tangents are XLA products) and vmappable (one call per batch entry)."""
+    isa = instruction_set()
+    if isa is None:
+        raise RuntimeError(f"the few-row kernel cannot run here: {unavailable_reason()}")
     call = jax.ffi.ffi_call(
-        _TARGET,
+        _TARGET.format(isa),
         jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32),
         vmap_method="sequential",
     )

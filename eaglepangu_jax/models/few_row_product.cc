@@ -6,7 +6,7 @@
 // the teacher's products cost ~1.35x one row at 2-4 rows (docs/RESULTS.md, "A few-row
 // product kernel"). Here the weights are read once, in memory order, for all rows: each
 // thread owns a contiguous range of output columns; for every KB = 8 consecutive rows of w
-// it loads each 16-column piece of the M outputs into registers, adds the KB rows' terms
+// it loads each register-wide piece of the M outputs, adds the KB rows' terms
 // (fused multiply-add, x broadcast from memory) and stores them back. The outputs of a range
 // stay in the core's caches, the weights stream through once; so a few rows cost about what
 // one row costs.
@@ -14,20 +14,43 @@
 // Every output element is summed over k = 0, 1, ..., K - 1 in that order whatever M, the
 // thread count or the range: a row's result does not depend on the rows it is computed with.
 //
-// Built at first use by eaglepangu_jax/models/few_row.py (AVX-512F, OpenMP); the caller
-// checks the shapes (x [M, K] with 1 <= M <= 16, w [K, N] with N a multiple of 16).
+// Built at first use by eaglepangu_jax/models/few_row.py (OpenMP) for the widest of the two
+// instruction sets the CPU has: AVX-512F (16 floats a register) or AVX2 with FMA (8). The
+// instructions differ, the arithmetic does not: every output is the same chain of fused
+// multiply-adds over k in order, so both builds give bitwise the same result. The caller checks
+// the shapes (x [M, K] with 1 <= M <= 16, w [K, N] with N a multiple of 16).
 
 #include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "xla/ffi/api/ffi.h"
 
 namespace {
 
-constexpr int64_t kLanes = 16;    // floats per AVX-512 register
+// One register of float lanes and the four operations the sweep needs.
+#if defined(__AVX512F__)
+using Lanes = __m512;
+constexpr int64_t kLanes = 16;
+inline Lanes Zero() { return _mm512_setzero_ps(); }
+inline Lanes Load(const float* p) { return _mm512_loadu_ps(p); }
+inline void Store(float* p, Lanes v) { _mm512_storeu_ps(p, v); }
+inline Lanes MulAdd(float a, Lanes b, Lanes c) { return _mm512_fmadd_ps(_mm512_set1_ps(a), b, c); }
+#elif defined(__AVX2__) && defined(__FMA__)
+using Lanes = __m256;
+constexpr int64_t kLanes = 8;
+inline Lanes Zero() { return _mm256_setzero_ps(); }
+inline Lanes Load(const float* p) { return _mm256_loadu_ps(p); }
+inline void Store(float* p, Lanes v) { _mm256_storeu_ps(p, v); }
+inline Lanes MulAdd(float a, Lanes b, Lanes c) { return _mm256_fmadd_ps(_mm256_set1_ps(a), b, c); }
+#else
+#error "few_row_product needs AVX-512F, or AVX2 with FMA"
+#endif
+
+constexpr int64_t kPiece = 16;    // columns are split between threads in pieces of 16
 constexpr int64_t kMaxRows = 16;  // one accumulator register per row, plus the weight piece
 constexpr int kRowsPerLoad = 8;   // rows of w added to the outputs between loads and stores
 
@@ -39,17 +62,13 @@ void Sweep(const float* x, int64_t K, const float* w, int64_t N, float* y, int64
     const int64_t kb = std::min<int64_t>(kRowsPerLoad, K - k0);
     const float* wk = w + k0 * N;
     for (int64_t n = begin; n < end; n += kLanes) {
-      __m512 acc[R];
-      for (int r = 0; r < R; ++r) {
-        acc[r] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * N + n);
-      }
+      Lanes acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = k0 == 0 ? Zero() : Load(y + r * N + n);
       for (int64_t j = 0; j < kb; ++j) {
-        const __m512 piece = _mm512_loadu_ps(wk + j * N + n);
-        for (int r = 0; r < R; ++r) {
-          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + k0 + j]), piece, acc[r]);
-        }
+        const Lanes piece = Load(wk + j * N + n);
+        for (int r = 0; r < R; ++r) acc[r] = MulAdd(x[r * K + k0 + j], piece, acc[r]);
       }
-      for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * N + n, acc[r]);
+      for (int r = 0; r < R; ++r) Store(y + r * N + n, acc[r]);
     }
   }
 }
@@ -62,12 +81,12 @@ void SweepRows(int64_t rows, const float* x, int64_t K, const float* w, int64_t 
 }
 
 void FewRowProduct(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y) {
-  const int64_t pieces = N / kLanes;
+  const int64_t pieces = N / kPiece;
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t begin = pieces * t / threads * kLanes;
-    const int64_t end = pieces * (t + 1) / threads * kLanes;
+    const int64_t begin = pieces * t / threads * kPiece;
+    const int64_t end = pieces * (t + 1) / threads * kPiece;
     if (begin < end) {
       SweepRows(M, x, K, w, N, y, begin, end, std::make_integer_sequence<int, kMaxRows>{});
     }
@@ -79,7 +98,7 @@ xla::ffi::Error Product(xla::ffi::Buffer<xla::ffi::F32> x, xla::ffi::Buffer<xla:
   const auto xd = x.dimensions();
   const auto wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0] || xd[0] < 1 || xd[0] > kMaxRows ||
-      wd[1] % kLanes != 0) {
+      wd[1] % kPiece != 0) {
     return xla::ffi::Error::InvalidArgument(
         "few_row_product: x must be [M, K] with 1 <= M <= 16 and w [K, N] with N a multiple "
         "of 16");
