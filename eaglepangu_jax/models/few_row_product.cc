@@ -6,10 +6,10 @@
 // the teacher's products cost ~1.35x one row at 2-4 rows (docs/RESULTS.md, "A few-row
 // product kernel"). Here the weights are read once, in memory order, for all rows: each
 // thread owns a contiguous range of output columns; for every KB = 8 consecutive rows of w
-// it loads each register-wide piece of the M outputs, adds the KB rows' terms
-// (fused multiply-add, x broadcast from memory) and stores them back. The outputs of a range
-// stay in the core's caches, the weights stream through once; so a few rows cost about what
-// one row costs.
+// it loads each 16-column piece of the M outputs into registers, adds the KB rows' terms
+// (fused multiply-add, each x broadcast once per piece and row) and stores them back. The
+// outputs of a range stay in the core's caches, the weights stream through once; so a few
+// rows cost about what one row costs.
 //
 // Every output element is summed over k = 0, 1, ..., K - 1 in that order whatever M, the
 // thread count or the range: a row's result does not depend on the rows it is computed with.
@@ -31,28 +31,34 @@
 
 namespace {
 
-// One register of float lanes and the four operations the sweep needs.
+// One register of float lanes and the operations the sweep needs.
 #if defined(__AVX512F__)
 using Lanes = __m512;
 constexpr int64_t kLanes = 16;
 inline Lanes Zero() { return _mm512_setzero_ps(); }
 inline Lanes Load(const float* p) { return _mm512_loadu_ps(p); }
 inline void Store(float* p, Lanes v) { _mm512_storeu_ps(p, v); }
-inline Lanes MulAdd(float a, Lanes b, Lanes c) { return _mm512_fmadd_ps(_mm512_set1_ps(a), b, c); }
+inline Lanes Broadcast(float a) { return _mm512_set1_ps(a); }
+inline Lanes MulAdd(Lanes a, Lanes b, Lanes c) { return _mm512_fmadd_ps(a, b, c); }
 #elif defined(__AVX2__) && defined(__FMA__)
 using Lanes = __m256;
 constexpr int64_t kLanes = 8;
 inline Lanes Zero() { return _mm256_setzero_ps(); }
 inline Lanes Load(const float* p) { return _mm256_loadu_ps(p); }
 inline void Store(float* p, Lanes v) { _mm256_storeu_ps(p, v); }
-inline Lanes MulAdd(float a, Lanes b, Lanes c) { return _mm256_fmadd_ps(_mm256_set1_ps(a), b, c); }
+inline Lanes Broadcast(float a) { return _mm256_set1_ps(a); }
+inline Lanes MulAdd(Lanes a, Lanes b, Lanes c) { return _mm256_fmadd_ps(a, b, c); }
 #else
 #error "few_row_product needs AVX-512F, or AVX2 with FMA"
 #endif
 
-constexpr int64_t kPiece = 16;    // columns are split between threads in pieces of 16
-constexpr int64_t kMaxRows = 16;  // one accumulator register per row, plus the weight piece
-constexpr int kRowsPerLoad = 8;   // rows of w added to the outputs between loads and stores
+// A piece of 16 columns is the unit of work: a thread's columns are whole pieces, and one
+// broadcast of x serves the whole piece (two registers with AVX2: broadcasting for every
+// 8-float register cost AVX2 ~10% of the product at 2 rows on the AMD machine).
+constexpr int64_t kPiece = 16;
+constexpr int kRegs = kPiece / kLanes;  // registers a piece of one row takes
+constexpr int64_t kMaxRows = 16;        // rows a call may take (MAX_ROWS in few_row.py routes 8)
+constexpr int kRowsPerLoad = 8;         // rows of w added to the outputs between loads and stores
 
 // Output columns [begin, end) of the R rows.
 template <int R>
@@ -61,14 +67,23 @@ void Sweep(const float* x, int64_t K, const float* w, int64_t N, float* y, int64
   for (int64_t k0 = 0; k0 < K; k0 += kRowsPerLoad) {
     const int64_t kb = std::min<int64_t>(kRowsPerLoad, K - k0);
     const float* wk = w + k0 * N;
-    for (int64_t n = begin; n < end; n += kLanes) {
-      Lanes acc[R];
-      for (int r = 0; r < R; ++r) acc[r] = k0 == 0 ? Zero() : Load(y + r * N + n);
-      for (int64_t j = 0; j < kb; ++j) {
-        const Lanes piece = Load(wk + j * N + n);
-        for (int r = 0; r < R; ++r) acc[r] = MulAdd(x[r * K + k0 + j], piece, acc[r]);
+    for (int64_t n = begin; n < end; n += kPiece) {
+      Lanes acc[R][kRegs];
+      for (int r = 0; r < R; ++r) {
+        for (int g = 0; g < kRegs; ++g) {
+          acc[r][g] = k0 == 0 ? Zero() : Load(y + r * N + n + g * kLanes);
+        }
       }
-      for (int r = 0; r < R; ++r) Store(y + r * N + n, acc[r]);
+      for (int64_t j = 0; j < kb; ++j) {
+        const float* wj = wk + j * N + n;
+        for (int r = 0; r < R; ++r) {
+          const Lanes a = Broadcast(x[r * K + k0 + j]);
+          for (int g = 0; g < kRegs; ++g) acc[r][g] = MulAdd(a, Load(wj + g * kLanes), acc[r][g]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        for (int g = 0; g < kRegs; ++g) Store(y + r * N + n + g * kLanes, acc[r][g]);
+      }
     }
   }
 }
