@@ -20,7 +20,8 @@ q, k and v against one ``[H, Q + 2 KV]`` weight, gate and up against one ``[H, 2
 
 With ``--few-row`` the ``[in, out]`` products also run on the few-row product kernel
 (:mod:`eaglepangu_jax.models.few_row`, up to 16 rows; key ``few_row``), what the teacher's
-verify uses for 2-8 rows where it is available.
+verify uses for 2-8 rows where it is available; where the kernel runs its AVX-512 build, its
+AVX2 build too (key ``few_row_avx2``: what a machine without AVX-512 gets).
 
 Interleaved over ``--repeats`` passes (every row count timed once per pass, median kept).
 Writes JSON and prints a table. Example::
@@ -115,8 +116,12 @@ def main(argv=None) -> int:
         return products
 
     variants = {"rows": (chain(lambda x, w: x @ w), layers, lm_head)}
+    switch = {}  # the kernel's switch while a variant is traced, where not the caller's
     if args.few_row:
         variants["few_row"] = (chain(few_row.product), layers, lm_head)
+        if few_row.instruction_set() == "avx512" and "avx2" in few_row.usable_instruction_sets():
+            variants["few_row_avx2"] = (chain(few_row.product), layers, lm_head)
+            switch["few_row_avx2"] = "avx2"
     if args.transposed:
 
         def flip(v):
@@ -160,9 +165,18 @@ def main(argv=None) -> int:
                 flip(lm_head),
             )
     inputs = {r: jnp.ones((r, h), jnp.float32) for r in rows}
-    for fn, ws, head in variants.values():  # compile
-        for r in rows:
-            jax.block_until_ready(fn(inputs[r], ws, head))
+    for name, (fn, ws, head) in variants.items():  # compile (the kernel is chosen here)
+        before = os.environ.get(few_row.ENV_SWITCH)
+        if name in switch:
+            os.environ[few_row.ENV_SWITCH] = switch[name]
+        try:
+            for r in rows:
+                jax.block_until_ready(fn(inputs[r], ws, head))
+        finally:
+            if name in switch:
+                os.environ.pop(few_row.ENV_SWITCH, None)
+                if before is not None:
+                    os.environ[few_row.ENV_SWITCH] = before
     times = {(name, r): [] for name in variants for r in rows}
     for _ in range(args.repeats):
         for r in rows:
@@ -203,6 +217,7 @@ def main(argv=None) -> int:
             "fused": "fused",
             "fused_transposed": "fused^T",
             "few_row": "few-row",
+            "few_row_avx2": "f-r avx2",
         }[name]
         for r in rows:
             row = report[name][str(r)]

@@ -49,15 +49,22 @@ def test_fused_products_are_timed_beside_both_layouts(script, tmp_path):
 
 
 def test_the_few_row_kernel_is_timed_beside_xla(script, tmp_path):
+    import os
+
     from eaglepangu_jax.models import few_row
 
     if not few_row.available():
         pytest.skip(f"kernel unavailable: {few_row.unavailable_reason()}")
     out = tmp_path / "rows.json"
     argv = ["--rows", "1,2", "--repeats", "1", "--layers", "1", "--few-row"]
+    switch = os.environ.get(few_row.ENV_SWITCH)
     assert script.main([*argv, "--json", str(out)]) == 0
+    assert os.environ.get(few_row.ENV_SWITCH) == switch  # the AVX2 variant's setting undone
     report = json.loads(out.read_text())
     assert set(report["rows"]) == set(report["few_row"]) == {"1", "2"}
+    # an AVX-512 machine also times the build a machine without AVX-512 gets
+    both = few_row.instruction_set() == "avx512" and "avx2" in few_row.usable_instruction_sets()
+    assert ("few_row_avx2" in report) is both
 
 
 def test_the_few_row_kernel_takes_at_most_16_rows(script, tmp_path, capsys):

@@ -55,6 +55,7 @@ __all__ = [
     "ENV_SWITCH",
     "INSTRUCTION_SETS",
     "instruction_set",
+    "usable_instruction_sets",
     "available",
     "unavailable_reason",
     "identity",
@@ -122,13 +123,18 @@ def _cache_folder() -> Path:
     return resolve_cache_dir() / "kernels"
 
 
+def usable_instruction_sets() -> list[str]:
+    """The keys of :data:`INSTRUCTION_SETS` this CPU has, widest first (whatever the switch)."""
+    _, flags = _cpu()
+    return [name for name, (needs, _) in INSTRUCTION_SETS.items() if flags.issuperset(needs)]
+
+
 def _chosen() -> tuple[str | None, str | None]:
     """``(instruction set, None)`` the switch and the CPU choose, else ``(None, reason)``."""
     switch = _switch()
     if switch == "off":
         return None, f"turned off by {ENV_SWITCH}"
-    _, flags = _cpu()
-    usable = [name for name, (needs, _) in INSTRUCTION_SETS.items() if flags.issuperset(needs)]
+    usable = usable_instruction_sets()
     if switch == "auto":
         if not usable:
             wanted = " or ".join("+".join(needs) for needs, _ in INSTRUCTION_SETS.values())
