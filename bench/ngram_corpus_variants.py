@@ -1,7 +1,8 @@
 """The ngram-corpus drafter's settings side by side in the engine: greedy, the n-gram drafter
 and one ``ngram-corpus`` method per ``--weights`` value (and, with ``--min-counts``, per table
 counted with another ``min_count``; with ``--max-orders``, per table of contexts up to
-another length), interleaved per turn on the same prompts, under the default controller.
+another length; with ``--extra-corpus``, the table counted over more corpora), interleaved per
+turn on the same prompts, under the default controller.
 
 Settings are chosen on the dev suite (human-written, kept apart from the evaluation suites)::
 
@@ -10,8 +11,10 @@ Settings are chosen on the dev suite (human-written, kept apart from the evaluat
 
 Methods are named ``ngram-corpus:w=W`` (the packaged table), ``ngram-corpus:mc=M`` (a
 table counted with ``min_count = M`` over the same corpora, weight 1) and
-``ngram-corpus:k=K`` (contexts of up to ``K`` tokens, ``min_count = 2``, weight 1); the
-JSON is the bench report with an ``ngram_corpus_variants`` entry naming them.
+``ngram-corpus:k=K`` (contexts of up to ``K`` tokens, ``min_count = 2``, weight 1) and
+``ngram-corpus:+NAME`` (the packaged table's settings counted over its corpora and the
+``--extra-corpus`` folders, NAME their folder names joined by ``+``); the JSON is the bench
+report with an ``ngram_corpus_variants`` entry naming them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
 
 from eaglepangu_jax.cli import side_by_side
 
@@ -57,8 +61,19 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         action="store_true",
         help="also run each extra table without its redundant rows (named ...,pruned)",
     )
+    p.add_argument(
+        "--extra-corpus",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also a table counted over the packaged corpora and this corpus folder "
+        "(repeat for several; one table for all)",
+    )
     args = p.parse_args(argv)
     side_by_side.check_suite_arguments(p, args)
+    for folder in args.extra_corpus:
+        if not (Path(folder) / "manifest.json").is_file():
+            p.error(f"--extra-corpus: {folder!r} is not a corpus folder (no manifest.json)")
 
     from importlib import resources
 
@@ -81,13 +96,20 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         p.error(f"--max-orders must be <= {ngram_table.MAX_ORDER}, got {args.max_orders}")
     tables = [(f"mc={m}", dict(min_count=m)) for m in args.min_counts]
     tables += [(f"k={k}", dict(max_order=k)) for k in args.max_orders]
+    if args.extra_corpus:
+        tables.append(("+" + "+".join(Path(f).name for f in args.extra_corpus), {}))
     if tables:
         package = resources.files("eaglepangu_jax") / "data"
         answers = []
         for name in DEFAULT_CORPORA:
             answers += training_answers(str(package / name), teacher_fingerprint())[0]
+        extra = []
+        for folder in args.extra_corpus:
+            extra += training_answers(folder, teacher_fingerprint())[0]
         for label, counting in tables:
-            counted = ngram_table.count_table(answers, **counting)
+            counted = ngram_table.count_table(
+                answers + extra if label.startswith("+") else answers, **counting
+            )
             variants = [(label, counted)]
             if args.prune:
                 variants.append((f"{label},pruned", ngram_table.prune_redundant(counted)))
@@ -106,6 +128,7 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
             "min_counts": args.min_counts,
             "max_orders": args.max_orders,
             "prune": args.prune,
+            "extra_corpora": args.extra_corpus,
         },
         renderer=renderer,
         progress=False,

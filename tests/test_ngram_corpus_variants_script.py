@@ -22,6 +22,12 @@ def test_bad_settings_are_refused(script, tmp_path, capsys, flag, value):
     assert flag in refusal(script, [flag, value], tmp_path, capsys)
 
 
+def test_an_extra_corpus_that_is_not_one_is_refused(script, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    message = refusal(script, ["--extra-corpus", str(tmp_path / "empty")], tmp_path, capsys)
+    assert "--extra-corpus" in message and "no manifest.json" in message
+
+
 @pytest.mark.slow  # the real teacher, three methods on one turn
 def test_variants_run_beside_greedy_and_stay_identical(script, tmp_path):
     out = tmp_path / "r.json"
