@@ -46,6 +46,12 @@ def test_product_equals_the_matrix_product(rows, inner, pieces, seed):
 
 
 @needs_kernel
+def test_an_empty_inner_dimension_gives_zeros():
+    x, w = jnp.ones((3, 0), jnp.float32), jnp.ones((0, 32), jnp.float32)
+    np.testing.assert_array_equal(few_row.product(x, w), np.zeros((3, 32), np.float32))
+
+
+@needs_kernel
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
     x, w = _operands(7, 576, 192)
     together = np.asarray(few_row.product(x, w))

@@ -118,7 +118,11 @@ xla::ffi::Error Product(xla::ffi::Buffer<xla::ffi::F32> x, xla::ffi::Buffer<xla:
         "few_row_product: x must be [M, K] with 1 <= M <= 16 and w [K, N] with N a multiple "
         "of 16");
   }
-  FewRowProduct(x.typed_data(), xd[0], xd[1], w.typed_data(), wd[1], y->typed_data());
+  if (xd[1] == 0) {  // an empty sum: the sweep would leave y as it found it
+    std::fill_n(y->typed_data(), xd[0] * wd[1], 0.0f);
+  } else {
+    FewRowProduct(x.typed_data(), xd[0], xd[1], w.typed_data(), wd[1], y->typed_data());
+  }
   return xla::ffi::Error::Success();
 }
 
