@@ -36,6 +36,7 @@ import os
 import platform
 import statistics
 import time
+from unittest import mock
 
 
 def main(argv=None) -> int:
@@ -166,17 +167,10 @@ def main(argv=None) -> int:
             )
     inputs = {r: jnp.ones((r, h), jnp.float32) for r in rows}
     for name, (fn, ws, head) in variants.items():  # compile (the kernel is chosen here)
-        before = os.environ.get(few_row.ENV_SWITCH)
-        if name in switch:
-            os.environ[few_row.ENV_SWITCH] = switch[name]
-        try:
+        setting = {few_row.ENV_SWITCH: switch[name]} if name in switch else {}
+        with mock.patch.dict(os.environ, setting):  # the caller's switch is back afterwards
             for r in rows:
                 jax.block_until_ready(fn(inputs[r], ws, head))
-        finally:
-            if name in switch:
-                os.environ.pop(few_row.ENV_SWITCH, None)
-                if before is not None:
-                    os.environ[few_row.ENV_SWITCH] = before
     times = {(name, r): [] for name in variants for r in rows}
     for _ in range(args.repeats):
         for r in rows:

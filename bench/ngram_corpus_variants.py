@@ -94,10 +94,11 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         methods.append(dataclasses.replace(base, name=f"ngram-corpus:w={w:g}", drafter=drafter))
     if any(k > ngram_table.MAX_ORDER for k in args.max_orders):
         p.error(f"--max-orders must be <= {ngram_table.MAX_ORDER}, got {args.max_orders}")
-    tables = [(f"mc={m}", dict(min_count=m)) for m in args.min_counts]
-    tables += [(f"k={k}", dict(max_order=k)) for k in args.max_orders]
+    # (label, counting settings, whether the --extra-corpus answers are counted too)
+    tables = [(f"mc={m}", dict(min_count=m), False) for m in args.min_counts]
+    tables += [(f"k={k}", dict(max_order=k), False) for k in args.max_orders]
     if args.extra_corpus:
-        tables.append(("+" + "+".join(Path(f).name for f in args.extra_corpus), {}))
+        tables.append(("+" + "+".join(Path(f).name for f in args.extra_corpus), {}, True))
     if tables:
         package = resources.files("eaglepangu_jax") / "data"
         answers = []
@@ -106,9 +107,9 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         extra = []
         for folder in args.extra_corpus:
             extra += training_answers(folder, teacher_fingerprint())[0]
-        for label, counting in tables:
+        for label, counting, with_extra in tables:
             counted = ngram_table.count_table(
-                answers + extra if label.startswith("+") else answers, **counting
+                answers + extra if with_extra else answers, **counting
             )
             variants = [(label, counted)]
             if args.prune:

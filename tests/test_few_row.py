@@ -123,11 +123,11 @@ def test_the_instruction_set_follows_the_cpu_and_the_switch(
 
 def test_a_library_built_on_another_cpu_is_not_reused(monkeypatch):
     monkeypatch.setattr(few_row, "_cpu", _cpu_with("avx2", "fma"))
-    here = few_row._library("avx2", "c++")
-    assert few_row._library("avx2", "c++") == here
+    here = few_row._digest("avx2", "c++")
+    assert few_row._digest("avx2", "c++") == here
     monkeypatch.setattr(few_row, "_cpu", _cpu_with("avx2", "fma", "avx512f"))
-    assert few_row._library("avx2", "c++") != here
-    assert few_row._library("avx512", "c++") != few_row._library("avx2", "c++")
+    assert few_row._digest("avx2", "c++") != here
+    assert few_row._digest("avx512", "c++") != few_row._digest("avx2", "c++")
 
 
 def _builds_here(isa):

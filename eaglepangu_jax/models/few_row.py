@@ -150,10 +150,10 @@ def _compile_flags(isa: str) -> tuple[str, ...]:
     return (*_FLAGS, *INSTRUCTION_SETS[isa][1])
 
 
-def _library(isa: str, compiler: str) -> Path:
-    """Where the kernel built for ``isa`` by ``compiler`` is cached. The name hashes all that
-    shapes the machine code, the CPU included: a cache folder shared between machines never
-    hands one a library built for instructions it lacks."""
+def _digest(isa: str, compiler: str) -> str:
+    """A hash of all that shapes the machine code of the kernel built for ``isa`` by
+    ``compiler``, the CPU included: a cache folder shared between machines never hands one a
+    library built for instructions it lacks."""
     model, cpu_flags = _cpu()
     parts = [
         _SOURCE.read_bytes(),
@@ -163,8 +163,7 @@ def _library(isa: str, compiler: str) -> Path:
         model.encode(),
         " ".join(sorted(cpu_flags)).encode(),
     ]
-    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-    return _cache_folder() / f"few_row_{isa}_{digest}.so"
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
 @functools.cache
@@ -177,7 +176,8 @@ def _build(isa: str) -> tuple[str | None, str | None]:
     if compiler is None:
         return None, "no C++ compiler found ($CXX, else c++)"
     flags = _compile_flags(isa)
-    library = _library(isa, compiler)
+    digest = _digest(isa, compiler)
+    library = _cache_folder() / f"few_row_{isa}_{digest}.so"
     if not library.exists():
         library.parent.mkdir(parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(dir=library.parent, suffix=".so.partial")
@@ -198,7 +198,7 @@ def _build(isa: str) -> tuple[str | None, str | None]:
         jax.ffi.register_ffi_target(_TARGET.format(isa), jax.ffi.pycapsule(handler), platform="cpu")
     except (OSError, AttributeError) as err:
         return None, f"loading the kernel failed: {err}"
-    return f"v2-{isa}-{library.stem.rsplit('_', 1)[-1]}", None
+    return f"v2-{isa}-{digest}", None
 
 
 def unavailable_reason() -> str | None:
