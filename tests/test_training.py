@@ -453,3 +453,30 @@ def test_several_corpora_fold_into_one_training_set(tmp_path):
     train_shards, held = corpora([a, b, str(tmp_path / "b" / "..") + "/b"], read)
     assert reads == [a, b]  # the same folder, however spelled, is read once
     assert train_shards == ["a-train", "b-train", "b-train"] and held == ["a-held", "b-held"]
+
+
+def test_held_out_prompts_leave_every_training_split_literal():
+    from eaglepangu_jax.training.data import Shard, prompts_of, without_prompts
+
+    def shard(seqs):  # (prompt ids, answer ids) per sequence; a feature row per token
+        tokens = [t for p, a in seqs for t in p + a]
+        lengths = [len(p) + len(a) for p, a in seqs]
+        return Shard(
+            tokens=np.array(tokens, np.int32),
+            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            prompt_lens=np.array([len(p) for p, _ in seqs], np.int32),
+            features=np.arange(len(tokens), dtype=np.float16).reshape(-1, 1, 1),
+        )
+
+    held = shard([([5, 6], [7]), ([9], [3, 3])])
+    assert prompts_of([held]) == {(5, 6), (9,)}
+    # [5, 6] is a held-out prompt; [5] and [5, 6, 7] only share a prefix or hold it.
+    mixed = shard([([5], [1]), ([5, 6], [8, 8]), ([5, 6, 7], [2])])
+    clean = shard([([4], [4, 4])])
+    kept, dropped = without_prompts([mixed, clean, shard([([9], [1])])], prompts_of([held]))
+    assert dropped == 2 and len(kept) == 2 and kept[1] is clean
+    first = kept[0]
+    assert first.tokens.tolist() == [5, 1, 5, 6, 7, 2]
+    assert first.offsets.tolist() == [0, 2, 6] and first.prompt_lens.tolist() == [1, 3]
+    # Each kept token keeps its own feature row (rows 0-1 and 6-9 of the original).
+    assert first.features[:, 0, 0].tolist() == [0, 1, 6, 7, 8, 9]

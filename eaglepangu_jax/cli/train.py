@@ -23,6 +23,7 @@ from eaglepangu_jax.drafters.checkpoint import (
 from eaglepangu_jax.drafters.draft_target_model import DraftModelConfig, init_from_teacher
 from eaglepangu_jax.drafters.eagle3_head import default_feature_layers
 from eaglepangu_jax.drafters.vocab import build_vocab, token_counts, vocab_over
+from eaglepangu_jax.training import data as data_lib
 from eaglepangu_jax.training.train import KINDS, TrainConfig, make_batches, train
 
 __all__ = ["train_draft_main", "steps_time_limit"]
@@ -56,7 +57,8 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         help="train on this corpus folder (see 'eaglepangu corpus'; its manifest's held-out "
         "shards are held out) instead of answering --prompts template prompts. Repeat to "
         "train on several (e.g. the synthesised corpus and corpus-written); a folder given "
-        "twice has its training shards counted twice (held-out shards once)",
+        "twice has its training shards counted twice (held-out shards once); a conversation "
+        "whose prompt one corpus holds out is left out of the others' training shards",
     )
     parser.add_argument(
         "--holdout-shards",
@@ -293,6 +295,12 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
                 train_shards=args.train_shards,
             ),
         )
+        shards, leaked = data_lib.without_prompts(shards, data_lib.prompts_of(held))
+        if leaked:
+            print(
+                f"left out {leaked} training conversation(s) whose prompt another given corpus "
+                "holds out (held-out prompts stay unseen)"
+            )
     else:
         shards, held = _prompt_shards(parser, args, teacher, tok, taps, fingerprint)
     counts = token_counts((s.tokens for s in shards), teacher_cfg.vocab_size)
@@ -486,7 +494,6 @@ def _prompt_shards(parser, args, teacher, tok, feature_layers, fingerprint):
     """Training and held-out shards answered from the template prompts (the legacy path)."""
     from eaglepangu_jax.models import chat
     from eaglepangu_jax.models.weights_cache import resolve_cache_dir
-    from eaglepangu_jax.training import data as data_lib
     from eaglepangu_jax.training.prompts import training_prompts
 
     settings = data_lib.DataSettings(

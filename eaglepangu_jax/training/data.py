@@ -45,6 +45,8 @@ __all__ = [
     "save_shard",
     "build_dataset",
     "load_dataset",
+    "prompts_of",
+    "without_prompts",
 ]
 
 # Bump when the shard contents or their computation change.
@@ -228,6 +230,45 @@ def load_dataset(directory: str | os.PathLike, keys: Sequence[str]) -> list[Shar
             )
         shards.append(shard)
     return shards
+
+
+def prompts_of(shards: Sequence[Shard]) -> set[tuple[int, ...]]:
+    """The prompt ids of every sequence of ``shards``."""
+    return {tuple(tokens[:p].tolist()) for s in shards for tokens, _, p in s.sequences()}
+
+
+def without_prompts(
+    shards: Sequence[Shard], prompts: set[tuple[int, ...]]
+) -> tuple[list[Shard], int]:
+    """``shards`` less the sequences whose prompt ids are in ``prompts``, and how many went.
+
+    Corpora made apart can share prompts (the synthesised ones draw on the same template and
+    code pools), so a prompt held out in one corpus may sit in another's training split; held
+    out must mean unseen, or model selection reads a flattered score. A shard that loses
+    nothing is returned as it is (no copy of its features).
+    """
+    kept_shards, dropped = [], 0
+    for shard in shards:
+        keep = [
+            i
+            for i, (tokens, _, p) in enumerate(shard.sequences())
+            if tuple(tokens[:p].tolist()) not in prompts
+        ]
+        dropped += len(shard.prompt_lens) - len(keep)
+        if len(keep) == len(shard.prompt_lens):
+            kept_shards.append(shard)
+        elif keep:
+            spans = [(int(shard.offsets[i]), int(shard.offsets[i + 1])) for i in keep]
+            lengths = np.array([b - a for a, b in spans], dtype=np.int64)
+            kept_shards.append(
+                Shard(
+                    tokens=np.concatenate([shard.tokens[a:b] for a, b in spans]),
+                    offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(shard.offsets.dtype),
+                    prompt_lens=shard.prompt_lens[keep],
+                    features=np.concatenate([shard.features[a:b] for a, b in spans]),
+                )
+            )
+    return kept_shards, dropped
 
 
 def _info(fingerprint: str, settings: DataSettings, n: int) -> dict[str, Any]:
