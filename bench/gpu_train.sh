@@ -7,8 +7,9 @@
 #   1. grow the synthesised corpus (batched greedy answers; only complete, content-addressed
 #      shards are kept, so a phase cut short loses nothing);
 #   2. train the heads named in TRAIN_KINDS, in that order (default: block, then EAGLE-3):
-#      each continues the shipped head on the grown corpus plus the answers to the written
-#      conversations (three times, as in session 24's mix), for --time-limit seconds of
+#      each continues the shipped head on the grown corpus, the corpora in EXTRA_CORPORA
+#      (corpus-seed1) and the answers to the written conversations (three times, as in
+#      session 24's mix), for --time-limit seconds of
 #      steps; held-out model selection every EVAL_EVERY steps; the best head is exported;
 #   3. optionally (BENCH_SECONDS > 0), greedy against the shipped EAGLE-3 head side by side on
 #      a few evaluation turns.
@@ -48,9 +49,11 @@
 # 1), CORPUS_TARGET (5000000 answer tokens), TRAIN_KINDS ("block eagle3"), BLOCK_SECONDS (100
 # s of steps at most), EAGLE3_SECONDS (100), TRAIN_STEPS (20000, the schedules' ceiling),
 # BATCH_SIZE (64), EVAL_EVERY (500), PART_BYTES (15728640), BENCH_SECONDS (0), CORPUS_DIR
-# and WRITTEN_DIR (the package's corpora), BLOCK_INIT and EAGLE3_INIT (the shipped heads). The features of the
-# ~125 shards the first head reads are the unknown: at session 25's rate (60 shards and the
-# set-up in about 100 s) about 200 s, which leaves the second head a minute or so of steps.
+# and WRITTEN_DIR (the package's corpora), EXTRA_CORPORA (space-separated folders, default the
+# package's corpus-seed1; empty for none), BLOCK_INIT and EAGLE3_INIT (the shipped heads). The
+# features of the ~150 shards the first head reads are the unknown: at session 25's rate (60
+# shards and the set-up in about 100 s) about 250 s, which leaves the second head a minute or
+# so of steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-out}"
@@ -69,6 +72,7 @@ part_bytes="${PART_BYTES:-15728640}"
 bench_seconds="${BENCH_SECONDS:-0}"
 corpus="${CORPUS_DIR:-eaglepangu_jax/data/corpus}"
 written="${WRITTEN_DIR:-eaglepangu_jax/data/corpus-written}"
+extra_corpora="${EXTRA_CORPORA-eaglepangu_jax/data/corpus-seed1}"
 block_init="${BLOCK_INIT:-eaglepangu_jax/weights/block_smollm2}"
 eagle3_init="${EAGLE3_INIT:-${INIT_FROM:-eaglepangu_jax/weights/eagle3_smollm2}}"
 xla_cache="${XLA_CACHE:-/tmp/eaglepangu-xla}"
@@ -116,13 +120,18 @@ tar -C "$corpus" -cf "$out/corpus_new.tar" -T "$work/new.txt"
 echo "new files: $(($(wc -l < "$work/new.txt") - 1))" >> "$out/corpus.log"
 
 # Phase 2: the heads, in TRAIN_KINDS order. Each continues the shipped one on the grown
-# corpus plus the written conversations three times; the first computes the teacher features
+# corpus, the extra corpora and the written conversations three times (a prompt one corpus
+# holds out is left out of the others' training); the first computes the teacher features
 # (cached on disk, shared by both heads: same teacher layers), so the second starts sooner.
 # Each runs its own seconds of steps (--time-limit) but stops stepping when what the deadline
 # leaves is spent (--wall-limit, counted from the command's start, features included), then
 # evaluates and exports; the hard backstop is the deadline itself. So a slow feature pass
 # shortens the training, never loses its export, and a later head gets what is left.
 deadline=$((t_start + job_seconds))
+extra_args=()
+for folder in $extra_corpora; do
+    extra_args+=(--corpus "$folder")
+done
 train_head() {  # kind, seconds of steps, export name, extra train-draft options...
     local kind="$1" seconds="$2" name="$3"
     shift 3
@@ -135,8 +144,9 @@ train_head() {  # kind, seconds of steps, export name, extra train-draft options
         | tee -a "$out/train.log"
     timeout --signal=INT --kill-after=10 "$remaining" \
         python3 -m eaglepangu_jax.cli --compile-cache "$xla_cache" train-draft \
-        --kind "$kind" --corpus "$corpus" --corpus "$written" --corpus "$written" \
-        --corpus "$written" --out "$work/${kind}_ckpt" --export "$out/$name" \
+        --kind "$kind" --corpus "$corpus" ${extra_args[@]+"${extra_args[@]}"} \
+        --corpus "$written" --corpus "$written" --corpus "$written" \
+        --out "$work/${kind}_ckpt" --export "$out/$name" \
         --steps "$steps" --batch-size "$batch" --eval-every "$eval_every" --warmup-steps 50 \
         --time-limit "$seconds" --wall-limit "$((remaining - 30))" --fit-schedule "$@" 2>&1 \
         | tr '\r' '\n' | grep -v '^\s*$' >> "$out/train.log" || true
