@@ -261,8 +261,8 @@ def test_bad_checkpoint_paths_for_train_draft(tmp_path, capsys, no_model):
     )
     _user_error(
         capsys,
-        ["train-draft", "--out", "x", "--soft-targets", "0.5"],  # the default kind is eagle3
-        "--soft-targets trains a draft model: it needs --kind draft-model",
+        ["train-draft", "--out", "x", "--kind", "block", "--soft-targets", "0.5"],
+        "--soft-targets needs --kind eagle3 or --kind draft-model",
     )
     for weight in ("-0.1", "1.5"):
         _user_error(

@@ -480,3 +480,95 @@ def test_held_out_prompts_leave_every_training_split_literal():
     assert first.offsets.tolist() == [0, 2, 6] and first.prompt_lens.tolist() == [1, 3]
     # Each kept token keeps its own feature row (rows 0-1 and 6-9 of the original).
     assert first.features[:, 0, 0].tolist() == [0, 1, 6, 7, 8, 9]
+
+
+def _eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, soft_probs, weight):
+    return train_lib.batch_loss(
+        head,
+        head_cfg,
+        jax.numpy.asarray(embed, jax.numpy.float32),
+        jax.numpy.asarray(batches.features),
+        jax.numpy.asarray(batches.tokens),
+        jax.numpy.asarray(batches.targets),
+        3,
+        jax.numpy.asarray(soft_ids),
+        jax.numpy.asarray(soft_probs),
+        soft_weight=weight,
+    )[0]
+
+
+def test_eagle3_soft_targets_align_with_the_hard_ones():
+    """A teacher law that puts all its mass on the greedy token is the hard target: the soft
+    loss must read each step's law at the token that step drafts, so it equals the hard loss
+    exactly only if the shift is right (a law one position off scores other tokens)."""
+    head_cfg, _, batches, embed = _fake_setup()
+    head = eagle3.init_head(head_cfg, jax.random.key(5), embed=jax.numpy.asarray(embed))
+    n, t = batches.tokens.shape
+    # Position p holds the law of token p + 1: [its draft id, another id] with mass [1, 0].
+    nxt = np.concatenate([batches.targets[:, 1:], np.full((n, 1), -1)], axis=1)
+    soft_ids = np.stack([np.maximum(nxt, 0), (np.maximum(nxt, 0) + 1) % 16], axis=-1)
+    one_hot = np.broadcast_to(np.asarray([1.0, 0.0], np.float32), (n, t, 2))
+    hard = _eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, one_hot, 0.0)
+    soft = _eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, one_hot, 1.0)
+    np.testing.assert_allclose(np.asarray(soft), np.asarray(hard), rtol=1e-6)
+    # The same law shifted one position scores other tokens: the loss differs.
+    shifted = np.roll(soft_ids, 1, axis=1)
+    off = _eagle3_loss_with(head, head_cfg, embed, batches, shifted, one_hot, 1.0)
+    assert abs(float(off) - float(hard)) > 1e-2
+    # Without soft arrays, the loss is the hard one too.
+    plain = train_lib.batch_loss(
+        head,
+        head_cfg,
+        jax.numpy.asarray(embed, jax.numpy.float32),
+        jax.numpy.asarray(batches.features),
+        jax.numpy.asarray(batches.tokens),
+        jax.numpy.asarray(batches.targets),
+        3,
+    )[0]
+    np.testing.assert_allclose(np.asarray(plain), np.asarray(hard), rtol=1e-6)
+
+
+def test_eagle3_soft_loss_mixes_linearly_in_its_weight():
+    head_cfg, _, batches, embed = _fake_setup(seed=3)
+    head = eagle3.init_head(head_cfg, jax.random.key(7), embed=jax.numpy.asarray(embed))
+    rng = np.random.default_rng(0)
+    n, t = batches.tokens.shape
+    soft_ids = rng.integers(0, 16, size=(n, t, 4)).astype(np.int32)
+    soft_probs = rng.dirichlet(np.ones(4), size=(n, t)).astype(np.float32)
+    at = {
+        w: float(_eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, soft_probs, w))
+        for w in (0.0, 0.3, 1.0)
+    }
+    assert at[1.0] != pytest.approx(at[0.0], rel=1e-3)  # a random law is not the hard target
+    assert at[0.3] == pytest.approx(0.7 * at[0.0] + 0.3 * at[1.0], rel=1e-5)
+    # The training loop's arrays carry the soft targets only when the run weighs them.
+    with_soft = dataclasses.replace(batches, soft_ids=soft_ids, soft_probs=soft_probs)
+    rows = np.arange(2)
+    cfg = train_lib.TrainConfig(soft_weight=0.3)
+    kind = train_lib.KINDS["eagle3"]
+    assert len(kind.arrays(with_soft, rows, 0, cfg, head_cfg)) == 5
+    assert len(kind.arrays(with_soft, rows, 0, train_lib.TrainConfig(), head_cfg)) == 3
+    with pytest.raises(ValueError, match="needs batches with soft targets"):
+        kind.arrays(batches, rows, 0, cfg, head_cfg)
+
+
+def test_eagle3_trains_on_soft_targets_through_the_loop():
+    head_cfg, vocab, batches, embed = _fake_setup()
+    rng = np.random.default_rng(1)
+    n, t = batches.tokens.shape
+    soft = dataclasses.replace(
+        batches,
+        soft_ids=rng.integers(0, 16, size=(n, t, 3)).astype(np.int32),
+        soft_probs=rng.dirichlet(np.ones(3), size=(n, t)).astype(np.float32),
+    )
+    tc = train_lib.TrainConfig(
+        steps=12, batch_size=2, seq_len=16, ttt_steps=2, warmup_steps=1, learning_rate=3e-2
+    )
+    hard_run = train_lib.train(batches, head_cfg, vocab, embed, tc, fingerprint=FP, progress=False)
+    soft_tc = dataclasses.replace(tc, soft_weight=0.5)
+    _, losses = train_lib.train(
+        soft, head_cfg, vocab, embed, soft_tc, fingerprint=FP, progress=False
+    )
+    assert all(np.isfinite(losses)) and len(losses) == 12
+    assert losses != hard_run[1]  # the soft term is in the loss the loop minimises
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])

@@ -116,16 +116,17 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         type=float,
         default=0.0,
         metavar="W",
-        help="draft-model: weight in (0, 1] of a soft-target loss, the teacher's top-K law of "
-        "each next token over the draft vocabulary (computed from the cached features), mixed "
-        "with the hard one as (1 - W) * hard + W * soft (default 0: hard targets only)",
+        help="eagle3, draft-model: weight in (0, 1] of a soft-target loss, the teacher's top-K "
+        "law of each drafted token over the draft vocabulary (computed from the cached "
+        "features), mixed with the hard one as (1 - W) * hard + W * soft (default 0: hard "
+        "targets only)",
     )
     parser.add_argument(
         "--soft-top-k",
         type=int,
         default=8,
         metavar="K",
-        help="draft-model with --soft-targets: teacher tokens kept per position (default 8)",
+        help="with --soft-targets: teacher tokens kept per position (default 8)",
     )
     parser.add_argument(
         "--context-window",
@@ -205,8 +206,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             f"--row-overlap must be in [0, --seq-len={args.seq_len}), got {args.row_overlap}"
         )
     if args.soft_targets:
-        if args.kind != "draft-model":
-            parser.error("--soft-targets trains a draft model: it needs --kind draft-model")
+        if args.kind not in ("eagle3", "draft-model"):
+            parser.error("--soft-targets needs --kind eagle3 or --kind draft-model")
         if not 0.0 < args.soft_targets <= 1.0:
             parser.error(f"--soft-targets must be in (0, 1], got {args.soft_targets}")
     if args.all_roots_weight != 0.0:
@@ -280,7 +281,8 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     else:
         head_cfg = eagle3.Eagle3Config.for_teacher(teacher_cfg, args.vocab_size)
     taps = head_cfg.feature_layers
-    if args.soft_targets:  # computed from EAGLE-3's taps: the feature cache it already made
+    if args.soft_targets and args.kind == "draft-model":
+        # computed from EAGLE-3's taps: the feature cache it already made
         taps = default_feature_layers(teacher_cfg.num_layers)
     if args.corpus is not None:
         shards, held = corpora(
@@ -315,7 +317,9 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     print(f"draft vocabulary: {vocab.size} tokens, coverage {vocab.coverage:.4f}")
     batches = make_batches(shards, vocab, args.seq_len, args.row_overlap)
     if args.soft_targets:
-        batches = _with_soft_targets(batches, teacher, taps, vocab, args.soft_top_k)
+        batches = _with_soft_targets(
+            batches, teacher, taps, vocab, args.soft_top_k, keep_features=args.kind == "eagle3"
+        )
     cfg = TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
@@ -465,9 +469,10 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     return 0
 
 
-def _with_soft_targets(batches, teacher, feature_layers, vocab, top_k: int):
+def _with_soft_targets(batches, teacher, feature_layers, vocab, top_k: int, *, keep_features):
     """``batches`` with the teacher's top-``top_k`` law at every position, computed from the
-    features, which are then dropped (the draft model reads tokens only)."""
+    features, which are then dropped unless ``keep_features`` (EAGLE-3 reads them; the draft
+    model reads tokens only)."""
     from eaglepangu_jax.training.soft_targets import soft_targets
 
     def report(done: int, total: int) -> None:
@@ -485,6 +490,8 @@ def _with_soft_targets(batches, teacher, feature_layers, vocab, top_k: int):
         progress=report,
     )
     print(f"soft targets: top-{top_k} in {time.time() - t0:.0f} s")
+    if keep_features:
+        return dataclasses.replace(batches, soft_ids=ids, soft_probs=probs)
     n, t, _, h = batches.features.shape
     none = np.zeros((n, t, 0, h), np.float16)
     return dataclasses.replace(batches, features=none, soft_ids=ids, soft_probs=probs)

@@ -84,7 +84,7 @@ class TrainConfig:
     context_window: int = 0  # block drafter: half the blocks see only the last 1..N positions
     depth_decay: float = train_block.DEPTH_DECAY  # block drafter: depth i weighs depth_decay**i
     all_roots_weight: float = 0.0  # block drafter: weight of a depth-1 loss at every position
-    soft_weight: float = 0.0  # draft model: weight of the soft-target loss (0: hard only)
+    soft_weight: float = 0.0  # EAGLE-3, draft model: weight of the soft-target loss (0: hard)
     seed: int = 0
     checkpoint_every: int = 25
 
@@ -168,7 +168,7 @@ class Batches:
     features: np.ndarray | RowFeatures  # [N, T, F, H] float16
     prompt_lens: np.ndarray  # [N] int32 leading non-target positions (prompt, or context)
     lengths: np.ndarray  # [N] int32 real tokens of each row (the rest is padding)
-    # Draft model with soft targets (training.soft_targets): the teacher's top-K draft ids
+    # Soft targets (training.soft_targets; EAGLE-3, draft model): the teacher's top-K draft ids
     # of the next token at each position, and their renormalised probabilities.
     soft_ids: np.ndarray | None = None  # [N, T, K] int32
     soft_probs: np.ndarray | None = None  # [N, T, K] float32
@@ -237,18 +237,41 @@ def make_batches(
 
 
 def sequence_loss(
-    head: dict, config: eagle3.Eagle3Config, embed, features, tokens, targets, steps: int
+    head: dict,
+    config: eagle3.Eagle3Config,
+    embed,
+    features,
+    tokens,
+    targets,
+    steps: int,
+    soft_ids=None,
+    soft_probs=None,
+    soft_weight: float = 0.0,
 ):
-    """Weighted training-time-test loss of one sequence and per-step (loss sum, hits, count)."""
+    """Weighted training-time-test loss of one sequence and per-step (loss sum, hits, count).
+
+    With soft targets (``soft_ids`` / ``soft_probs`` ``[T, K]``: the teacher's top-K law of
+    token ``p + 1`` at position ``p``, :mod:`~eaglepangu_jax.training.soft_targets`) each
+    step's negative log-likelihood is ``(1 - soft_weight) * hard + soft_weight * soft``, the
+    soft one the cross-entropy against the teacher's law of the same token.
+    """
     logits = eagle3.ttt_logits(head, config, embed, features, tokens, steps)  # [K, T, Vd]
     t = tokens.shape[0]
     stats = []
     for i in range(steps):
+        # Step i at position p drafts token p + i + 2.
         tgt = jnp.concatenate([targets[i + 2 :], jnp.full((i + 2,), -1, jnp.int32)])[:t]
         ok = tgt >= 0
         logp = jax.nn.log_softmax(logits[i], axis=-1)
         picked = jnp.take_along_axis(logp, jnp.maximum(tgt, 0)[:, None], axis=-1)[:, 0]
-        nll = jnp.where(ok, -picked, 0.0)
+        nll = -picked
+        if soft_ids is not None:
+            # The teacher's law of token p + i + 2 is stored at position p + i + 1.
+            law_ids = jnp.concatenate([soft_ids[i + 1 :], jnp.zeros_like(soft_ids[: i + 1])])
+            law = jnp.concatenate([soft_probs[i + 1 :], jnp.zeros_like(soft_probs[: i + 1])])
+            cross = jnp.sum(law * jnp.take_along_axis(logp, law_ids, axis=-1), axis=-1)
+            nll = (1.0 - soft_weight) * nll - soft_weight * cross
+        nll = jnp.where(ok, nll, 0.0)
         hit = ok & (jnp.argmax(logits[i], axis=-1) == tgt)
         stats.append(
             (jnp.sum(nll), jnp.sum(hit.astype(jnp.float32)), jnp.sum(ok.astype(jnp.float32)))
@@ -256,11 +279,27 @@ def sequence_loss(
     return stats
 
 
-def batch_loss(head, config, embed, features, tokens, targets, steps):
-    """Mean over each step's targets, steps weighted ``0.8 ** i``; also step accuracies."""
-    per = jax.vmap(
-        lambda f, tk, tg: sequence_loss(head, config, embed, f.astype(jnp.float32), tk, tg, steps)
-    )(features, tokens, targets)
+def batch_loss(
+    head,
+    config,
+    embed,
+    features,
+    tokens,
+    targets,
+    steps,
+    soft_ids=None,
+    soft_probs=None,
+    soft_weight: float = 0.0,
+):
+    """Mean over each step's targets, steps weighted ``0.8 ** i``; also step accuracies
+    (soft targets as in :func:`sequence_loss`, ``[B, T, K]``)."""
+
+    def one(f, tk, tg, *soft):
+        f = f.astype(jnp.float32)
+        return sequence_loss(head, config, embed, f, tk, tg, steps, *soft, soft_weight=soft_weight)
+
+    soft = () if soft_ids is None else (soft_ids, soft_probs)
+    per = jax.vmap(one)(features, tokens, targets, *soft)
     loss, accs = jnp.float32(0.0), []
     for i, (nll, hit, count) in enumerate(per):
         n = jnp.maximum(jnp.sum(count), 1.0)
@@ -444,11 +483,27 @@ class Kind:
 
 
 def _eagle3_arrays(batches: Batches, rows, step, cfg, config) -> tuple:
-    return batches.features[rows], batches.tokens[rows], batches.targets[rows]
+    arrays = (batches.features[rows], batches.tokens[rows], batches.targets[rows])
+    if cfg.soft_weight <= 0.0:
+        return arrays
+    if batches.soft_ids is None or batches.soft_probs is None:
+        raise ValueError(f"soft_weight {cfg.soft_weight} needs batches with soft targets")
+    return arrays + (batches.soft_ids[rows], batches.soft_probs[rows])
 
 
 def _eagle3_loss(head, config, embed, arrays, cfg):
-    return batch_loss(head, config, embed, *arrays, cfg.ttt_steps)
+    features, tokens, targets, *soft = arrays
+    return batch_loss(
+        head,
+        config,
+        embed,
+        features,
+        tokens,
+        targets,
+        cfg.ttt_steps,
+        *soft,
+        soft_weight=cfg.soft_weight,
+    )
 
 
 KINDS: dict[str, Kind] = {
