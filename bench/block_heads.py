@@ -1,5 +1,5 @@
-"""Block drafter exports side by side in the engine: greedy, the shipped head and each
-``--checkpoint``, interleaved per turn on the same prompts.
+"""Block drafter (or, ``--kind eagle3``, EAGLE-3) exports side by side in the engine:
+greedy, the shipped head and each ``--checkpoint``, interleaved per turn on the same prompts.
 
 Offline figures (``bench/heldout_heads.py``) score a head's top-1 chain; the engine's
 best-first tree also spends its budget on the head's other candidates, ranked by its
@@ -19,8 +19,9 @@ controller weighs each round's drafting cost, measured once per head shape on th
 kept in its calibration, so a deeper head pays its own cost there, not the shipped head's.
 
 Methods are named ``block`` (shipped) and ``block#I`` (the ``I``-th checkpoint; under
-``--policy auto`` ``block#I-<8 hex>``, the hex naming its shape); the JSON is the bench
-report with a ``block_heads`` entry naming the checkpoints.
+``--policy auto`` ``block#I-<8 hex>``, the hex naming its shape), or ``eagle3`` and
+``eagle3#I...`` with ``--kind eagle3``; the JSON is the bench report with a ``block_heads``
+entry naming the kind and the checkpoints.
 """
 
 from __future__ import annotations
@@ -34,22 +35,55 @@ from eaglepangu_jax.cli import side_by_side
 from eaglepangu_jax.cli.args import budget
 
 
-def method_name(index: int, config, policy: str) -> str:
-    """``block#I``; under the controller also the head's shape, ``block#I-<8 hex>``.
+def method_name(index: int, config, policy: str, kind: str = "block") -> str:
+    """``block#I``; under the controller also the head's shape, ``block#I-<8 hex>``
+    (``eagle3#I...`` for ``kind="eagle3"``).
 
     The calibration keeps drafting costs by method name (``draft_cost_key``). A cost measured
     for one head must not be read for another of a different depth or width run later as the
     same ``block#I``; heads of one shape draft at one cost, so the shape names it."""
     if policy != "auto":
-        return f"block#{index}"
+        return f"{kind}#{index}"
     shape = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
-    return f"block#{index}-{hashlib.sha256(shape.encode()).hexdigest()[:8]}"
+    return f"{kind}#{index}-{hashlib.sha256(shape.encode()).hexdigest()[:8]}"
+
+
+def _mismatch(kind: str, config, ours) -> str | None:
+    """Why a head of ``config`` cannot run beside the shipped one (``ours``), or None.
+
+    Another depth or width is compared as it stands; the tapped teacher layers must match so
+    that both heads see the same features, and a block head's block size, so that both draft
+    the same tree depth."""
+    if kind == "block":
+        if (config.feature_layers, config.block_size) != (ours.feature_layers, ours.block_size):
+            return (
+                f"taps teacher layers {config.feature_layers} with blocks of "
+                f"{config.block_size}; the shipped head {ours.feature_layers} with "
+                f"{ours.block_size}"
+            )
+    elif config.feature_layers != ours.feature_layers:
+        return (
+            f"taps teacher layers {config.feature_layers}; the shipped head {ours.feature_layers}"
+        )
+    return None
+
+
+def _params(kind: str, config, head, d2t, embed, temperature):
+    """Drafting params of a head, with the temperatures its export stores (if any)."""
+    from eaglepangu_jax.drafters import block, eagle3
+
+    if kind == "block":
+        params = block.make_params(head, embed, d2t)
+        if temperature is not None:
+            params = block.with_depth_temperature(params, config, temperature)
+        return params
+    params = eagle3.make_params(head, embed, d2t)
+    return params if temperature is None else eagle3.with_depth_temperature(params, temperature)
 
 
 def head_methods(p: argparse.ArgumentParser, args: argparse.Namespace) -> list:
     """Greedy, the shipped head and one method per ``--checkpoint``, all drafting the tree
     ``--budget`` names (``auto``: the shipped drafter's default one, at its depth)."""
-    from eaglepangu_jax.drafters import block
     from eaglepangu_jax.drafters.checkpoint import load_checkpoint
     from eaglepangu_jax.engine.config import SpecConfig
     from eaglepangu_jax.methods.registry import make_method
@@ -59,34 +93,26 @@ def head_methods(p: argparse.ArgumentParser, args: argparse.Namespace) -> list:
     spec = SpecConfig(policy=args.policy, max_new_tokens=args.max_new_tokens)
     if not auto:
         spec = dataclasses.replace(spec, budget=args.budget)
-    shipped = make_method("block", spec, default_depth=auto, default_budget=auto)
+    kind = getattr(args, "kind", "block")
+    shipped = make_method(kind, spec, default_depth=auto, default_budget=auto)
     methods = [make_method("greedy", spec), shipped]
     for i, path in enumerate(args.checkpoint):
         try:
             config, head, d2t, meta, _ = load_checkpoint(
-                path, fingerprint=teacher_fingerprint(), kind="block"
+                path, fingerprint=teacher_fingerprint(), kind=kind
             )
         except ValueError as err:
             p.error(f"--checkpoint {path}: {err}")
-        ours = shipped.drafter.config
-        # Another depth or width is compared as it stands; the tapped teacher layers and the
-        # block size must match, so that both heads see the same features and draft the same
-        # tree depth.
-        if (config.feature_layers, config.block_size) != (ours.feature_layers, ours.block_size):
-            p.error(
-                f"--checkpoint {path}: taps teacher layers {config.feature_layers} with blocks "
-                f"of {config.block_size}; the shipped head {ours.feature_layers} with "
-                f"{ours.block_size}"
-            )
-        params = block.make_params(head, shipped.draft_params["embed"], d2t)
+        why = _mismatch(kind, config, shipped.drafter.config)
+        if why is not None:
+            p.error(f"--checkpoint {path}: {why}")
         temperature = meta.get("calibration", {}).get("depth_temperature")
-        if temperature is not None:
-            params = block.with_depth_temperature(params, config, temperature)
+        params = _params(kind, config, head, d2t, shipped.draft_params["embed"], temperature)
         drafter = dataclasses.replace(shipped.drafter, config=config)
         methods.append(
             dataclasses.replace(
                 shipped,
-                name=method_name(i, config, args.policy),
+                name=method_name(i, config, args.policy, kind),
                 drafter=drafter,
                 draft_params=params,
             )
@@ -107,10 +133,16 @@ def main(argv=None) -> int:
     )
     p.add_argument("--policy", default="best_first", help="tree policy (see eaglepangu bench)")
     p.add_argument(
+        "--kind",
+        choices=("block", "eagle3"),
+        default="block",
+        help="which drafter's exports to compare (default: block)",
+    )
+    p.add_argument(
         "--checkpoint",
         action="append",
         required=True,
-        help="a block drafter export or checkpoint (repeatable)",
+        help="an export or checkpoint of a --kind head (repeatable)",
     )
     args = p.parse_args(argv)
     side_by_side.check_suite_arguments(p, args)
@@ -118,7 +150,7 @@ def main(argv=None) -> int:
     teacher = side_by_side.real_teacher()
     # Under "auto" the calibration times each head's drafting (the controller reads it).
     side_by_side.run_and_report(
-        teacher, methods, args, "block_heads", {"checkpoints": args.checkpoint}
+        teacher, methods, args, "block_heads", {"kind": args.kind, "checkpoints": args.checkpoint}
     )
     return 0
 

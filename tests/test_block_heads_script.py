@@ -105,3 +105,40 @@ def test_budget_auto_runs_every_head_at_the_shipped_default_tree(script):
 def test_a_budget_below_one_is_refused(script, tmp_path, capsys):
     err = refusal(script, ["--budget", "0", "--checkpoint", str(SHIPPED)], tmp_path, capsys)
     assert "--budget" in err
+
+
+EAGLE3 = SHIPPED.with_name("eagle3_smollm2")
+
+
+def test_eagle3_exports_run_beside_the_shipped_eagle3_head(script):
+    """``--kind eagle3``: the shipped EAGLE-3 head and each export, at the shipped default
+    tree, each with the temperature its own export stores."""
+    from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
+    from eaglepangu_jax.methods.registry import DRAFTER_BUDGETS
+
+    args = argparse.Namespace(
+        budget="auto", policy="auto", max_new_tokens=16, checkpoint=[str(EAGLE3)], kind="eagle3"
+    )
+    greedy, shipped, ours = script.head_methods(argparse.ArgumentParser(), args)
+    assert greedy.drafter is None and shipped.name == "eagle3"
+    config, *_ = checkpoint_lib.load_checkpoint(EAGLE3, fingerprint=None)
+    assert ours.name == script.method_name(0, config, "auto", "eagle3")
+    assert ours.name.startswith("eagle3#0-")
+    nodes = DRAFTER_BUDGETS["eagle3"]
+    assert ours.spec.budget == shipped.spec.budget == nodes
+    assert ours.drafter.tree_levels == shipped.drafter.tree_levels
+    np_temperature = ours.draft_params["depth_temperature"]
+    assert float(np_temperature[0]) == float(shipped.draft_params["depth_temperature"][0])
+
+
+def test_an_eagle3_head_tapping_other_layers_is_refused_naming_both(script, tmp_path, capsys):
+    from eaglepangu_jax.drafters import checkpoint as checkpoint_lib
+    from eaglepangu_jax.models.smollm2 import teacher_fingerprint
+
+    config, head, d2t, _, _ = checkpoint_lib.load_checkpoint(EAGLE3, fingerprint=None)
+    other = dataclasses.replace(config, feature_layers=(1, 14, 26))
+    path = tmp_path / "other_taps"
+    checkpoint_lib.save_checkpoint(path, head, other, d2t, fingerprint=teacher_fingerprint())
+    err = refusal(script, ["--kind", "eagle3", "--checkpoint", str(path)], tmp_path, capsys)
+    assert f"--checkpoint {path}" in err
+    assert "(1, 14, 26)" in err and str(config.feature_layers) in err
