@@ -33,7 +33,9 @@ import sys
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", default="dev")
-    p.add_argument("--per-category", type=int, default=1)
+    p.add_argument(
+        "--per-category", type=int, default=1, help="conversations per category (0: all)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", default="1,1.5,2,3", help="comma-separated, each > 0")
     p.add_argument("--budget", type=int, default=8)
@@ -56,6 +58,8 @@ def main(argv=None) -> int:
         return calibrate_from(p, args)
     if args.json is None:
         p.error("--json is required to run")
+    if args.per_category < 0:
+        p.error("--per-category must be >= 0 (0: every conversation)")
     try:
         temperatures = [float(t) for t in args.temperatures.split(",")]
     except ValueError:
@@ -98,7 +102,9 @@ def main(argv=None) -> int:
         for t in temperatures:
             tuned = eagle3.with_depth_temperature(params, [t])
             methods.append(dataclasses.replace(base, name=f"{label}@T{t:g}", draft_params=tuned))
-    conversations = per_category(load_suite(args.suite), args.per_category)
+    conversations = load_suite(args.suite)
+    if args.per_category:
+        conversations = per_category(conversations, args.per_category)
     report = run_bench(teacher, conversations, methods, renderer)
     report["draft_temperature"] = {
         "suite": args.suite,

@@ -50,3 +50,9 @@ def test_unusable_reports_are_refused(script, tmp_path, capsys):
         with pytest.raises(SystemExit):
             script.main(["--calibrate-from", str(report)])
         assert message in capsys.readouterr().err
+
+
+def test_a_negative_conversation_count_is_refused(script, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        script.main(["--per-category", "-1", "--json", str(tmp_path / "r.json")])
+    assert exc.value.code == 2 and "--per-category must be >= 0" in capsys.readouterr().err
