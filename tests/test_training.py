@@ -482,7 +482,8 @@ def test_held_out_prompts_leave_every_training_split_literal():
     assert first.features[:, 0, 0].tolist() == [0, 1, 6, 7, 8, 9]
 
 
-def _eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, soft_probs, weight):
+def _eagle3_loss_with(head, head_cfg, embed, batches, *soft, weight=0.0):
+    """``batch_loss`` over every row of ``batches`` at 3 steps (``soft``: ids and probs)."""
     return train_lib.batch_loss(
         head,
         head_cfg,
@@ -491,8 +492,7 @@ def _eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, soft_probs, weig
         jax.numpy.asarray(batches.tokens),
         jax.numpy.asarray(batches.targets),
         3,
-        jax.numpy.asarray(soft_ids),
-        jax.numpy.asarray(soft_probs),
+        *(jax.numpy.asarray(a) for a in soft),
         soft_weight=weight,
     )[0]
 
@@ -508,23 +508,15 @@ def test_eagle3_soft_targets_align_with_the_hard_ones():
     nxt = np.concatenate([batches.targets[:, 1:], np.full((n, 1), -1)], axis=1)
     soft_ids = np.stack([np.maximum(nxt, 0), (np.maximum(nxt, 0) + 1) % 16], axis=-1)
     one_hot = np.broadcast_to(np.asarray([1.0, 0.0], np.float32), (n, t, 2))
-    hard = _eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, one_hot, 0.0)
-    soft = _eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, one_hot, 1.0)
+    hard = _eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, one_hot, weight=0.0)
+    soft = _eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, one_hot, weight=1.0)
     np.testing.assert_allclose(np.asarray(soft), np.asarray(hard), rtol=1e-6)
     # The same law shifted one position scores other tokens: the loss differs.
     shifted = np.roll(soft_ids, 1, axis=1)
-    off = _eagle3_loss_with(head, head_cfg, embed, batches, shifted, one_hot, 1.0)
+    off = _eagle3_loss_with(head, head_cfg, embed, batches, shifted, one_hot, weight=1.0)
     assert abs(float(off) - float(hard)) > 1e-2
     # Without soft arrays, the loss is the hard one too.
-    plain = train_lib.batch_loss(
-        head,
-        head_cfg,
-        jax.numpy.asarray(embed, jax.numpy.float32),
-        jax.numpy.asarray(batches.features),
-        jax.numpy.asarray(batches.tokens),
-        jax.numpy.asarray(batches.targets),
-        3,
-    )[0]
+    plain = _eagle3_loss_with(head, head_cfg, embed, batches)
     np.testing.assert_allclose(np.asarray(plain), np.asarray(hard), rtol=1e-6)
 
 
@@ -536,7 +528,7 @@ def test_eagle3_soft_loss_mixes_linearly_in_its_weight():
     soft_ids = rng.integers(0, 16, size=(n, t, 4)).astype(np.int32)
     soft_probs = rng.dirichlet(np.ones(4), size=(n, t)).astype(np.float32)
     at = {
-        w: float(_eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, soft_probs, w))
+        w: float(_eagle3_loss_with(head, head_cfg, embed, batches, soft_ids, soft_probs, weight=w))
         for w in (0.0, 0.3, 1.0)
     }
     assert at[1.0] != pytest.approx(at[0.0], rel=1e-3)  # a random law is not the hard target

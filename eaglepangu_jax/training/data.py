@@ -232,9 +232,14 @@ def load_dataset(directory: str | os.PathLike, keys: Sequence[str]) -> list[Shar
     return shards
 
 
+def _prompts(shard: Shard) -> list[tuple[int, ...]]:
+    """The prompt ids of each sequence of ``shard``, in order."""
+    return [tuple(tokens[:p].tolist()) for tokens, _, p in shard.sequences()]
+
+
 def prompts_of(shards: Sequence[Shard]) -> set[tuple[int, ...]]:
     """The prompt ids of every sequence of ``shards``."""
-    return {tuple(tokens[:p].tolist()) for s in shards for tokens, _, p in s.sequences()}
+    return {prompt for shard in shards for prompt in _prompts(shard)}
 
 
 def without_prompts(
@@ -249,11 +254,7 @@ def without_prompts(
     """
     kept_shards, dropped = [], 0
     for shard in shards:
-        keep = [
-            i
-            for i, (tokens, _, p) in enumerate(shard.sequences())
-            if tuple(tokens[:p].tolist()) not in prompts
-        ]
+        keep = [i for i, prompt in enumerate(_prompts(shard)) if prompt not in prompts]
         dropped += len(shard.prompt_lens) - len(keep)
         if len(keep) == len(shard.prompt_lens):
             kept_shards.append(shard)
