@@ -68,17 +68,17 @@ def _mismatch(kind: str, config, ours) -> str | None:
     return None
 
 
-def _params(kind: str, config, head, d2t, embed, temperature):
+def _params(kind: str, config, head, d2t, embed, calibration: dict):
     """Drafting params of a head, with the temperatures its export stores (if any)."""
     from eaglepangu_jax.drafters import block, eagle3
 
-    if kind == "block":
-        params = block.make_params(head, embed, d2t)
-        if temperature is not None:
-            params = block.with_depth_temperature(params, config, temperature)
-        return params
-    params = eagle3.make_params(head, embed, d2t)
-    return params if temperature is None else eagle3.with_depth_temperature(params, temperature)
+    if kind == "eagle3":
+        return eagle3.with_calibration(eagle3.make_params(head, embed, d2t), calibration)
+    params = block.make_params(head, embed, d2t)
+    temperature = calibration.get("depth_temperature")
+    if temperature is not None:
+        params = block.with_depth_temperature(params, config, temperature)
+    return params
 
 
 def head_methods(p: argparse.ArgumentParser, args: argparse.Namespace) -> list:
@@ -106,8 +106,8 @@ def head_methods(p: argparse.ArgumentParser, args: argparse.Namespace) -> list:
         why = _mismatch(kind, config, shipped.drafter.config)
         if why is not None:
             p.error(f"--checkpoint {path}: {why}")
-        temperature = meta.get("calibration", {}).get("depth_temperature")
-        params = _params(kind, config, head, d2t, shipped.draft_params["embed"], temperature)
+        calibration = meta.get("calibration", {})
+        params = _params(kind, config, head, d2t, shipped.draft_params["embed"], calibration)
         drafter = dataclasses.replace(shipped.drafter, config=config)
         methods.append(
             dataclasses.replace(

@@ -18,6 +18,11 @@ the shipped head), where ``load_shipped_eagle3`` reads it::
 
     PYTHONPATH=. python3 bench/draft_temperature.py --calibrate-from dev_temperatures.json
 
+The best temperature depends on the tree (a 3-node tree spends its nodes otherwise than an
+8-node one): with ``--for-budget`` the temperature is stored for trees of at most the
+report's ``--budget`` nodes (``calibration.by_budget``), and a drafter uses the entry of the
+smallest such budget that holds its tree, else the temperature of every size.
+
 ``--checkpoint`` (repeatable) runs other EAGLE-3 exports instead of the shipped head, each at
 every temperature, all interleaved in the one run (methods named ``eagle3#I@TT``, ``I`` the
 checkpoint's position).
@@ -28,6 +33,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+
+# The drafting params an export's calibration sets (eagle3.with_calibration): dropped before
+# a sweep so that each swept temperature is the one every tree size drafts at.
+CALIBRATED_KEYS = ("depth_temperature", "budget_temperature")
 
 
 def main(argv=None) -> int:
@@ -47,6 +56,12 @@ def main(argv=None) -> int:
         help="an EAGLE-3 export (repeatable; default: the shipped head)",
     )
     p.add_argument("--json", default=None, help="the report to write (needed to run)")
+    p.add_argument(
+        "--for-budget",
+        action="store_true",
+        help="with --calibrate-from: store the temperature for trees of at most the report's "
+        "budget (calibration.by_budget) instead of for every tree size",
+    )
     p.add_argument(
         "--calibrate-from",
         metavar="REPORT",
@@ -95,7 +110,7 @@ def main(argv=None) -> int:
             if config != base.drafter.config:
                 p.error(f"--checkpoint {path}: another head shape than the shipped one")
             params = make_params(head, shipped["embed"], d2t)
-        params = {k: v for k, v in params.items() if k != "depth_temperature"}
+        params = {k: v for k, v in params.items() if k not in CALIBRATED_KEYS}
         heads.append(("eagle3" if args.checkpoint is None else f"eagle3#{i}", params))
     methods = [make_method("greedy", spec)]
     for label, params in heads:
@@ -111,6 +126,8 @@ def main(argv=None) -> int:
         "per_category": args.per_category,
         "temperatures": temperatures,
         "checkpoints": args.checkpoint or ["shipped"],
+        "budget": args.budget,
+        "depth": args.depth,
     }
     write_report(args.json, report)
     print(format_summary(report))
@@ -152,16 +169,49 @@ def calibrate_from(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     best = max(pooled, key=lambda t: (pooled[t], -t))  # ties: the smaller change
     path = Path(target).with_suffix(".json")
     meta = json.loads(path.read_text())
-    meta["calibration"] = {
+    entry = {
         "depth_temperature": [best],
         "selected_by": "bench/draft_temperature.py: the most tokens per round, pooled",
         "suite": info["suite"],
         "per_category": info["per_category"],
         "pooled_accepted_length": {f"{t:g}": round(v, 4) for t, v in pooled.items()},
     }
+    budget, depth = _report_tree(report)
+    calibration = meta.get("calibration", {})
+    if args.for_budget:
+        if budget is None:
+            p.error("--for-budget: the report does not record the tree it ran")
+        entry.update(budget=budget, depth=depth)
+        calibration = {
+            **calibration,
+            "by_budget": {**calibration.get("by_budget", {}), str(budget): entry},
+        }
+        where = f"trees of at most {budget} nodes"
+    else:
+        # The temperature of every tree size; the per-size entries (selected on their own
+        # trees) are kept.
+        entry["budget"] = budget
+        calibration = {**entry, **{k: v for k, v in calibration.items() if k == "by_budget"}}
+        where = "every tree size"
+    meta["calibration"] = calibration
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)))
-    print(f"temperature {best:g} (pooled accepted length {pooled[best]:.3f}) written to {path}")
+    print(
+        f"temperature {best:g} (pooled accepted length {pooled[best]:.3f}) for {where} "
+        f"written to {path}"
+    )
     return 0
+
+
+def _report_tree(report: dict) -> tuple[int | None, int | None]:
+    """The tree (nodes a round, depth) the report's heads drafted; ``None`` where not
+    recorded."""
+    info = report["draft_temperature"]
+    budget, depth = info.get("budget"), info.get("depth")
+    if budget is None:  # reports written before the sweep recorded it: the methods' spec
+        specs = [m.get("spec", {}) for m in report.get("methods", {}).values()]
+        spec = next((s for s in specs if s.get("budget")), {})
+        budget, depth = spec.get("budget"), spec.get("depth")
+    return (None if budget is None else int(budget)), (None if depth is None else int(depth))
 
 
 if __name__ == "__main__":

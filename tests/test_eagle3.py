@@ -177,6 +177,35 @@ def test_a_depth_temperature_of_one_changes_nothing_and_others_keep_the_root_chi
         assert not np.allclose(np.asarray(hot.logscore), np.asarray(raw.logscore))
 
 
+def test_attention_over_key_blocks_is_the_attention_over_them_joined(tiny):
+    """The draft levels attend to (cache, tree rows) as two blocks; the result is that of the
+    joined keys, against a literal per-head softmax, and a row that may attend to nothing
+    gives zeros."""
+    _, _, head_cfg, _ = tiny
+    nq, nk, dh = head_cfg.num_heads, head_cfg.num_kv_heads, head_cfg.head_dim
+    keys = jax.random.split(jax.random.key(3), 4)
+    q = jax.random.normal(keys[0], (3, nq, dh), jnp.float32)
+    k = jax.random.normal(keys[1], (7, nk, dh), jnp.float32)
+    v = jax.random.normal(keys[2], (7, nk, dh), jnp.float32)
+    mask = jax.random.bernoulli(keys[3], 0.6, (3, 7)).at[0, :].set(False).at[1, 2].set(True)
+    joined = eagle3.attend(head_cfg, q, k, v, mask)
+    blocks = eagle3.attend(head_cfg, q, (k[:5], k[5:]), (v[:5], v[5:]), mask)
+    np.testing.assert_allclose(np.asarray(blocks), np.asarray(joined), rtol=1e-5, atol=1e-6)
+    qn, kn, vn, mn = (np.asarray(x, np.float64) for x in (q, k, v, mask))
+    group = nq // nk
+    want = np.zeros((3, nq, dh))
+    for t in range(3):
+        for n in range(nq):
+            allowed = mn[t] > 0
+            if not allowed.any():
+                continue  # stays zero
+            s = kn[allowed, n // group] @ qn[t, n] / np.sqrt(dh)
+            p = np.exp(s - s.max())
+            want[t, n] = (p / p.sum()) @ vn[allowed, n // group]
+    np.testing.assert_allclose(np.asarray(joined), want, rtol=1e-4, atol=1e-5)
+    assert not np.asarray(joined[0]).any()
+
+
 def test_children_can_enter_literal_cases():
     can = eagle3.children_can_enter
     pool = jnp.asarray([-0.5, -0.7, -0.9, -3.0])
@@ -375,6 +404,52 @@ def test_depth_temperature_is_validated_and_read_from_the_shipped_calibration(ti
     )
     _, tuned = eagle3.load_shipped_eagle3(params)
     assert np.asarray(tuned["depth_temperature"]).tolist() == [1.5, 2.0]
+
+
+def test_a_temperature_per_tree_size_is_picked_by_the_drafters_budget(tiny, monkeypatch):
+    cfg, params, head_cfg, dparams = tiny
+    every = eagle3.with_depth_temperature(dparams, [3.0])
+    sized = eagle3.with_depth_temperature(every, [2.0], budget=3)
+    sized = eagle3.with_depth_temperature(sized, [1.5, 4.0], budget=6)
+    picked = {b: eagle3.depth_temperature_for(sized, b) for b in (1, 3, 4, 6, 7, 16)}
+    assert {b: np.asarray(t).tolist() for b, t in picked.items()} == {
+        1: [2.0],  # the smallest listed size that holds the tree
+        3: [2.0],
+        4: [1.5, 4.0],
+        6: [1.5, 4.0],
+        7: [3.0],  # larger than every listed size: the temperature of every size
+        16: [3.0],
+    }
+    assert eagle3.depth_temperature_for(dparams, 3) is None  # no calibration: raw marginals
+    # A temperature for every size replaces the per-size entries (a sweep sets one for all).
+    assert "budget_temperature" not in eagle3.with_depth_temperature(sized, [1.0])
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        eagle3.with_depth_temperature(dparams, [2.0], budget=0)
+    # The drafter drafts at its own size's entry: a 3-node tree under the table is the tree
+    # the 3-node temperature alone gives, and differs from the one of every size.
+    ctx = _context(cfg, head_cfg)
+    drafter = eagle3.Eagle3Drafter(config=head_cfg, budget=3, depth=3, top_k=3)
+    at_two = _propose(drafter, eagle3.with_depth_temperature(dparams, [2.0]), ctx)
+    _assert_same_tree(_propose(drafter, sized, ctx), at_two)
+    at_three = _propose(drafter, every, ctx)
+    assert not np.allclose(np.asarray(at_two.logscore), np.asarray(at_three.logscore))
+    # The shipped export's calibration stores the entries under by_budget.
+    from eaglepangu_jax.drafters import shipped
+
+    calibration = {"depth_temperature": [3.0], "by_budget": {"3": {"depth_temperature": [2.0]}}}
+    meta = {"calibration": calibration}
+    monkeypatch.setattr(
+        shipped,
+        "load_packaged",
+        lambda *args: (head_cfg, dparams["head"], dparams["d2t"], params["embed"], meta),
+    )
+    _, loaded = eagle3.load_shipped_eagle3(params)
+    assert np.asarray(eagle3.depth_temperature_for(loaded, 3)).tolist() == [2.0]
+    assert np.asarray(eagle3.depth_temperature_for(loaded, 8)).tolist() == [3.0]
+    no_size, no_temperature = {"x": {"depth_temperature": [2]}}, {"3": {}}
+    for broken in (no_size, no_temperature, {"3": {"depth_temperature": []}}):
+        with pytest.raises(ValueError, match="by_budget|depth_temperature"):
+            eagle3.with_calibration(dparams, {"by_budget": broken})
 
 
 def test_registered_and_validates():

@@ -71,6 +71,8 @@ __all__ = [
     "children_can_enter",
     "SHIPPED_NAME",
     "load_shipped_eagle3",
+    "depth_temperature_for",
+    "with_calibration",
     "with_depth_temperature",
 ]
 
@@ -141,10 +143,11 @@ class Eagle3Drafter(FeatureHeadDrafter):
 
     name: ClassVar[str] = "eagle3"
     # Raised when the same tree's drafting cost changes (1: no level below tree_levels is
-    # grown; 2: the update runs the head's attention and MLP for the newest row only), so a
+    # grown; 2: the update runs the head's attention and MLP for the newest row only; 3: the
+    # attention reads the cache in place, grouped, instead of a joined, repeated copy), so a
     # calibration's cost measured before is not read but measured again
     # (:func:`eaglepangu_jax.calibration.curve.draft_cost_key`).
-    cost_revision: ClassVar[int] = 2
+    cost_revision: ClassVar[int] = 3
 
     config: Eagle3Config
     budget: int = 16
@@ -234,7 +237,7 @@ class Eagle3Drafter(FeatureHeadDrafter):
         first = jnp.maximum(state.first, context.start)
         committed = (s >= first) & (s < state.length)  # [C]
 
-        temperature = params.get("depth_temperature")
+        temperature = depth_temperature_for(params, self.budget)
 
         def log_probs(hidden, d):  # the marginals of tree depth d + 1 (d = 0: root children)
             logits = draft_logits(head, cfg, hidden)
@@ -270,13 +273,14 @@ class Eagle3Drafter(FeatureHeadDrafter):
             own = jnp.any(
                 (anc[:, :, None] == buffer_row[None, None, :]) & anc_live[:, :, None], axis=1
             )  # [K, D * K]: the node's ancestors and itself
-            mask = jnp.concatenate([jnp.broadcast_to(committed[None, :], (kk, c)), own], axis=1)
+            # The committed cache and the tree's rows as two blocks of one softmax (no copy
+            # of the cache per level).
             attn = attend(
                 cfg,
                 q,
-                jnp.concatenate([state.k, draft_k]),
-                jnp.concatenate([state.v, draft_v]),
-                mask,
+                (state.k, draft_k),
+                (state.v, draft_v),
+                jnp.concatenate([jnp.broadcast_to(committed[None, :], (kk, c)), own], axis=1),
             )
             h = finish(head, cfg, f_hidden, attn)
             logp = log_probs(h, d)  # [K, Vd]
@@ -372,7 +376,7 @@ class Eagle3Drafter(FeatureHeadDrafter):
         )
 
 
-def with_depth_temperature(params: dict, temperature) -> dict:
+def with_depth_temperature(params: dict, temperature, *, budget: int | None = None) -> dict:
     """``params`` whose draft marginals at tree depth ``d + 1`` are
     ``softmax(logits / temperature[min(d, len - 1)])`` (one entry: one temperature for all).
 
@@ -380,8 +384,41 @@ def with_depth_temperature(params: dict, temperature) -> dict:
     head trained with hard targets until it is overconfident (a long run on a small corpus)
     spends the budget on its top-1 chain even where the alternatives are often right. A
     temperature keeps every argmax: the top-1 chain is unchanged, the rest of the tree moves.
+
+    Args:
+      params: the head's drafting params (:func:`make_params`).
+      temperature: per-depth temperatures (a scalar or one entry: the same at every depth).
+      budget: ``None``: the temperature of every tree size (any per-size entry is dropped).
+        ``B``: the temperature of trees of at most ``B`` nodes only; the best temperature
+        depends on the tree (a 3-node tree spends its nodes otherwise than an 8-node one),
+        and :func:`depth_temperature_for` picks the entry of the smallest ``B`` that holds
+        the drafter's tree.
+
+    Raises:
+      ValueError: a temperature that is not finite and positive, or ``budget < 1``.
     """
-    return {**params, "depth_temperature": checked_temperature(temperature)}
+    temperature = checked_temperature(temperature)
+    if budget is None:
+        return {
+            **{k: v for k, v in params.items() if k != "budget_temperature"},
+            "depth_temperature": temperature,
+        }
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    # Python int keys: a pytree's dict keys are static, so the drafter picks its entry when
+    # it is traced (its budget is static too) and no lookup runs inside the compiled round.
+    table = {**params.get("budget_temperature", {}), int(budget): temperature}
+    return {**params, "budget_temperature": table}
+
+
+def depth_temperature_for(params: dict, budget: int) -> Float[Array, " D"] | None:
+    """The per-depth temperatures a tree of ``budget`` nodes drafts at: the entry of the
+    smallest listed budget ``>= budget`` (:func:`with_depth_temperature`), else the temperature
+    of every tree size, else ``None`` (the raw marginals)."""
+    sizes = [b for b in params.get("budget_temperature", {}) if b >= budget]
+    if sizes:
+        return params["budget_temperature"][min(sizes)]
+    return params.get("depth_temperature")
 
 
 SHIPPED_NAME = "eagle3_smollm2"
@@ -405,7 +442,25 @@ def load_shipped_eagle3(
     config, head, d2t, embed, meta = load_packaged(SHIPPED_NAME, "eagle3", teacher_params)
     drafter = Eagle3Drafter(config=config, budget=budget, depth=depth, top_k=top_k)
     params = make_params(head, embed, d2t)
-    temperature = meta.get("calibration", {}).get("depth_temperature")
+    return drafter, with_calibration(params, meta.get("calibration", {}))
+
+
+def with_calibration(params: dict, calibration: dict) -> dict:
+    """``params`` with the draft temperatures an export's ``calibration`` stores:
+    ``depth_temperature`` for every tree size, and under ``by_budget`` (``{"3":
+    {"depth_temperature": [2.0], ...}}``) those of trees of at most that many nodes
+    (``bench/draft_temperature.py --calibrate-from``)."""
+    temperature = calibration.get("depth_temperature")
     if temperature is not None:
         params = with_depth_temperature(params, temperature)
-    return drafter, params
+    for budget, entry in calibration.get("by_budget", {}).items():
+        try:
+            size = int(budget)
+            temperature = entry["depth_temperature"]
+        except (ValueError, TypeError, KeyError) as err:
+            raise ValueError(
+                f"calibration.by_budget[{budget!r}]: needs an integer tree size and a "
+                f"depth_temperature ({err!r})"
+            ) from None
+        params = with_depth_temperature(params, temperature, budget=size)
+    return params

@@ -19,7 +19,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from eaglepangu_jax.models.config import LlamaConfig
 from eaglepangu_jax.models.init import fresh_weights
-from eaglepangu_jax.models.llama import rms_norm
+from eaglepangu_jax.models.llama import grouped_attention, rms_norm
 from eaglepangu_jax.models.rope import apply_rope, rope_angles
 
 __all__ = [
@@ -232,18 +232,23 @@ def _scores(
 def attend(
     config: Eagle3Config,
     q: Float[Array, "T Nq Dh"],
-    k: Float[Array, "S Nk Dh"],
-    v: Float[Array, "S Nk Dh"],
+    k: Float[Array, "S Nk Dh"] | tuple[Float[Array, "_ Nk Dh"], ...],
+    v: Float[Array, "S Nk Dh"] | tuple[Float[Array, "_ Nk Dh"], ...],
     mask: Bool[Array, "T S"],
 ) -> Float[Array, "T Nq Dh"]:
-    """Masked attention; a fully masked row gives zeros, never NaN."""
-    s = _scores(config, q, k)
-    s = jnp.where(mask[:, None, :], s, -jnp.inf)
-    top = jnp.max(s, axis=-1, keepdims=True)
-    p = jnp.exp(s - jnp.where(jnp.isfinite(top), top, 0.0))
-    p = p / jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), jnp.float32(1e-30))
-    group = config.num_heads // config.num_kv_heads
-    return jnp.einsum("tns,snd->tnd", p, jnp.repeat(v, group, axis=1))
+    """Masked attention; a fully masked row gives zeros, never NaN.
+
+    The keys may come in blocks, ``k`` and ``v`` tuples (a draft tree level attends to the
+    committed cache and to the tree's own rows; ``mask`` covers the blocks' columns in order),
+    attended with one softmax as if joined, but never joined: copying the whole cache into
+    one buffer at every level cost more than the attention itself (the teacher's
+    :func:`~eaglepangu_jax.models.llama.grouped_attention`, which this is).
+    """
+    if config.num_heads % config.num_kv_heads or q.shape[1] != config.num_heads:
+        raise ValueError(f"queries {q.shape} do not fit the head's {config.num_heads} heads")
+    if not isinstance(k, tuple):
+        k, v = (k,), (v,)
+    return grouped_attention(q, k, v, mask)
 
 
 # ----------------------------------------------------------------------- training-time test

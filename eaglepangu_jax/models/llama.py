@@ -42,6 +42,7 @@ logits are returned as float32.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -60,6 +61,7 @@ __all__ = [
     "forward_detached",
     "forward_residual",
     "forward_sequence",
+    "grouped_attention",
     "prepare_params",
     "is_prepared",
     "has_transposed_copy",
@@ -475,14 +477,27 @@ def _project_qkv(h, layer, cos, sin, config):
 
 
 def _attend(q, keys, values, mask, layer, config):
-    """Masked GQA attention of ``q [T, Nq, Dh]`` over one or more blocks of keys/values
-    (``[W_b, K, Dh]`` each, e.g. the cache window then the new tokens), projected by ``wo``.
-    ``mask`` covers the blocks' columns in order. The blocks' scores are joined only for the
-    softmax, so no block of K/V is ever copied into a concatenation."""
-    t, n_kv, dh = q.shape[0], config.num_kv_heads, config.head_dim
-    group = config.num_heads // n_kv
+    """:func:`grouped_attention` of ``q`` over the key blocks, projected by ``wo``."""
+    out = grouped_attention(q, keys, values, mask)
+    return _product(out.reshape(q.shape[0], config.q_width), layer, "wo")
+
+
+def grouped_attention(
+    q: Float[Array, "T Nq Dh"],
+    keys: Sequence[Float[Array, "_ Nk Dh"]],
+    values: Sequence[Float[Array, "_ Nk Dh"]],
+    mask: Bool[Array, "T S"],
+) -> Float[Array, "T Nq Dh"]:
+    """Masked grouped-query attention of ``q`` over one or more blocks of keys/values
+    (``[W_b, Nk, Dh]`` each, e.g. a cache window then the new tokens; ``S`` their widths'
+    sum), scaled by ``Dh ** -0.5``. ``mask`` covers the blocks' columns in order; a row with
+    no allowed column gives zeros, never NaN. The blocks' scores are joined only for the
+    softmax, so no block of K/V is ever copied into a concatenation, and query head ``n``
+    reads key head ``n // (Nq / Nk)`` without the keys being repeated."""
+    t, nq, dh = q.shape
+    n_kv = keys[0].shape[1]
     # Query head j reads kv head j // group (each kv head serves a consecutive group).
-    qg = q.reshape(t, n_kv, group, dh)
+    qg = q.reshape(t, n_kv, nq // n_kv, dh)
     scores = [jnp.einsum("tkgd,wkd->kgtw", qg, k, preferred_element_type=jnp.float32) for k in keys]
     scores = scores[0] if len(scores) == 1 else jnp.concatenate(scores, axis=-1)
     probs = _masked_softmax(scores * jnp.float32(dh**-0.5), mask).astype(q.dtype)
@@ -491,7 +506,7 @@ def _attend(q, keys, values, mask, layer, config):
         width = value.shape[0]
         out = out + jnp.einsum("kgtw,wkd->tkgd", probs[..., start : start + width], value)
         start += width
-    return _product(out.reshape(t, config.q_width), layer, "wo")
+    return out.reshape(t, nq, dh)
 
 
 def _masked_softmax(
