@@ -191,7 +191,9 @@ def calibrate_from(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # The temperature of every tree size; the per-size entries (selected on their own
         # trees) are kept.
         entry["budget"] = budget
-        calibration = {**entry, **{k: v for k, v in calibration.items() if k == "by_budget"}}
+        if "by_budget" in calibration:
+            entry["by_budget"] = calibration["by_budget"]
+        calibration = entry
         where = "every tree size"
     meta["calibration"] = calibration
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)))

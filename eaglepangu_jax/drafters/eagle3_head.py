@@ -244,7 +244,7 @@ def attend(
     one buffer at every level cost more than the attention itself (the teacher's
     :func:`~eaglepangu_jax.models.llama.grouped_attention`, which this is).
     """
-    if config.num_heads % config.num_kv_heads or q.shape[1] != config.num_heads:
+    if q.shape[1] != config.num_heads:  # the grouping itself is checked with the config
         raise ValueError(f"queries {q.shape} do not fit the head's {config.num_heads} heads")
     if not isinstance(k, tuple):
         k, v = (k,), (v,)
