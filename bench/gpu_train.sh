@@ -132,6 +132,11 @@ extra_args=()
 for folder in $extra_corpora; do
     extra_args+=(--corpus "$folder")
 done
+# Corpora made apart share prompts (about one in six of corpus-seed1's is also corpus/'s,
+# with the same greedy answer): each such conversation is trained on once.
+if [ ${#extra_args[@]} -gt 0 ]; then
+    extra_args+=(--unique-prompts)
+fi
 train_head() {  # kind, seconds of steps, export name, extra train-draft options...
     local kind="$1" seconds="$2" name="$3"
     shift 3

@@ -245,6 +245,9 @@ def test_bad_checkpoint_paths_for_train_draft(tmp_path, capsys, no_model):
     assert line.startswith("eaglepangu train-draft: error:")
     _user_error(capsys, ["train-draft", "--out", "x", "--train-shards", "3"], "needs --corpus")
     _user_error(
+        capsys, ["train-draft", "--out", "x", "--unique-prompts"], "--unique-prompts needs --corpus"
+    )
+    _user_error(
         capsys,
         ["train-draft", "--out", "x", "--corpus", str(tmp_path), "--train-shards", "0"],
         "--train-shards must be >= 1",

@@ -450,24 +450,60 @@ def test_several_corpora_fold_into_one_training_set(tmp_path):
         return [f"{name}-train"], [f"{name}-held"]
 
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    train_shards, held = corpora([a, b, str(tmp_path / "b" / "..") + "/b"], read)
+    train_shards, held, dropped = corpora([a, b, str(tmp_path / "b" / "..") + "/b"], read)
     assert reads == [a, b]  # the same folder, however spelled, is read once
     assert train_shards == ["a-train", "b-train", "b-train"] and held == ["a-held", "b-held"]
+    assert dropped == 0
+
+
+def _literal_shard(seqs):
+    """A shard of ``(prompt ids, answer ids)`` sequences; feature row ``i`` holds ``i``."""
+    from eaglepangu_jax.training.data import Shard
+
+    tokens = [t for p, a in seqs for t in p + a]
+    lengths = [len(p) + len(a) for p, a in seqs]
+    return Shard(
+        tokens=np.array(tokens, np.int32),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        prompt_lens=np.array([len(p) for p, _ in seqs], np.int32),
+        features=np.arange(len(tokens), dtype=np.float16).reshape(-1, 1, 1),
+    )
+
+
+def test_unique_prompts_trains_on_a_prompt_once_across_corpora_literal(tmp_path):
+    from eaglepangu_jax.cli.train import corpora
+
+    shards = {
+        "a": ([_literal_shard([([5, 6], [7]), ([4], [1])])], [_literal_shard([([9], [9])])]),
+        # [5, 6] is a training prompt of a too; [5] only shares its prefix; [9] is held out
+        # by a (the held-out filter, not this one, leaves it out of b's training).
+        "b": ([_literal_shard([([5, 6], [7]), ([5], [2]), ([9], [3])])], []),
+        # c repeats b's [5] and a's [4]: filtered against every earlier corpus.
+        "c": ([_literal_shard([([5], [2]), ([4], [1]), ([8], [8])])], []),
+    }
+    folders = {name: str(tmp_path / name) for name in shards}
+
+    def read(folder):
+        return shards[folder.rsplit("/", 1)[-1]]
+
+    order = [folders["a"], folders["b"], folders["c"], folders["b"]]
+    plain, _, dropped = corpora(order, read)
+    assert dropped == 0 and [len(s.prompt_lens) for s in plain] == [2, 3, 3, 3]
+    unique, held, dropped = corpora(order, read, unique_prompts=True)
+    assert dropped == 3 and len(held) == 1
+    # b given twice still counts twice (the weighting a repeated folder asks for).
+    assert [s.tokens.tolist() for s in unique] == [
+        [5, 6, 7, 4, 1],
+        [5, 2, 9, 3],
+        [8, 8],
+        [5, 2, 9, 3],
+    ]
 
 
 def test_held_out_prompts_leave_every_training_split_literal():
-    from eaglepangu_jax.training.data import Shard, prompts_of, without_prompts
+    from eaglepangu_jax.training.data import prompts_of, without_prompts
 
-    def shard(seqs):  # (prompt ids, answer ids) per sequence; a feature row per token
-        tokens = [t for p, a in seqs for t in p + a]
-        lengths = [len(p) + len(a) for p, a in seqs]
-        return Shard(
-            tokens=np.array(tokens, np.int32),
-            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            prompt_lens=np.array([len(p) for p, _ in seqs], np.int32),
-            features=np.arange(len(tokens), dtype=np.float16).reshape(-1, 1, 1),
-        )
-
+    shard = _literal_shard
     held = shard([([5, 6], [7]), ([9], [3, 3])])
     assert prompts_of([held]) == {(5, 6), (9,)}
     # [5, 6] is a held-out prompt; [5] and [5, 6, 7] only share a prefix or hold it.

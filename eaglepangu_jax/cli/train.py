@@ -61,6 +61,14 @@ def train_draft_main(argv: Sequence[str] | None = None, *, compile_cache: Any = 
         "whose prompt one corpus holds out is left out of the others' training shards",
     )
     parser.add_argument(
+        "--unique-prompts",
+        action="store_true",
+        help="with several --corpus: train on each prompt once, leaving out of a later "
+        "corpus the conversations whose prompt an earlier one trains on (corpora made apart "
+        "share prompts, and greedy answers them alike); a folder given twice still counts "
+        "twice",
+    )
+    parser.add_argument(
         "--holdout-shards",
         type=int,
         default=0,
@@ -233,6 +241,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error("--train-shards takes a single --corpus")
         if args.train_shards < 1:
             parser.error(f"--train-shards must be >= 1, got {args.train_shards}")
+    if args.unique_prompts and args.corpus is None:
+        parser.error("--unique-prompts needs --corpus")
     for option, path in (("--out", args.out), ("--export", args.export)):
         if path is not None and not Path(path).resolve().parent.is_dir():
             parser.error(f"{option}: cannot write {path}: its folder does not exist")
@@ -285,7 +295,7 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         # computed from EAGLE-3's taps: the feature cache it already made
         taps = default_feature_layers(teacher_cfg.num_layers)
     if args.corpus is not None:
-        shards, held = corpora(
+        shards, held, duplicates = corpora(
             args.corpus,
             lambda directory: _corpus_shards(
                 parser,
@@ -296,7 +306,13 @@ def _train_draft(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
                 resolve_cache_dir() / "features",
                 train_shards=args.train_shards,
             ),
+            unique_prompts=args.unique_prompts,
         )
+        if duplicates:
+            print(
+                f"left out {duplicates} training conversation(s) whose prompt an earlier "
+                "given corpus already trains on (--unique-prompts)"
+            )
         shards, leaked = data_lib.without_prompts(shards, data_lib.prompts_of(held))
         if leaked:
             print(
@@ -532,18 +548,34 @@ def _prompt_shards(parser, args, teacher, tok, feature_layers, fingerprint):
     return shards, held
 
 
-def corpora(directories: Sequence[str], read: Callable[[str], tuple[list, list]]):
-    """``(training shards, held-out shards)`` of several corpus folders, ``read(folder)``
-    giving one folder's. A folder given twice is read once: its training shards count twice
-    (a way to weight a small corpus), its held-out shards once."""
-    train_shards, held, seen = [], [], {}
+def corpora(
+    directories: Sequence[str],
+    read: Callable[[str], tuple[list, list]],
+    *,
+    unique_prompts: bool = False,
+):
+    """``(training shards, held-out shards, dropped)`` of several corpus folders,
+    ``read(folder)`` giving one folder's. A folder given twice is read once: its training
+    shards count twice (a way to weight a small corpus), its held-out shards once.
+
+    With ``unique_prompts`` a conversation whose prompt an earlier folder's training shards
+    already hold is left out of a later folder's (``dropped`` counts them): corpora made
+    apart share prompts (the synthesised ones draw on the same template and code pools), and
+    their greedy answers are the same sequence, which would otherwise be trained on twice.
+    """
+    train_shards, held, seen, trained_on, dropped = [], [], {}, set(), 0
     for directory in directories:
         where = Path(directory).resolve()
         if where not in seen:
-            seen[where] = read(directory)
-            held += seen[where][1]
+            own_train, own_held = read(directory)
+            if unique_prompts:
+                own_train, left_out = data_lib.without_prompts(own_train, trained_on)
+                dropped += left_out
+                trained_on |= data_lib.prompts_of(own_train)
+            seen[where] = own_train, own_held
+            held += own_held
         train_shards += seen[where][0]
-    return train_shards, held
+    return train_shards, held, dropped
 
 
 def _corpus_shards(
