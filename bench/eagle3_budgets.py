@@ -7,7 +7,10 @@ of them were accepted. ::
     PYTHONPATH=. python3 bench/eagle3_budgets.py --drafter block --budgets 1,2,4 --json b.json
 
 Methods are named ``D b=N best_first`` (N nodes every round) and ``D b=N auto`` (the
-controller, N its ceiling), ``D`` the drafter; each controlled method learns its own cost
+controller, N its ceiling), ``D`` the drafter; with ``--average-gate`` each controlled
+budget also runs as ``D b=N auto average-gate``, the controller without its single-node gate
+(``ControlConfig.single_node_gate=False``: it drafts only when the average round pays), to
+measure the gate side by side. Each controlled method learns its own cost
 correction and the calibration times each budget's drafting apart. The JSON is the bench
 report (turns with ``accepted_per_round`` and ``nodes_per_round``) with an
 ``eagle3_budgets`` entry: the drafter and, per method, the rounds, the share that verified
@@ -65,12 +68,18 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         default=",".join(POLICIES),
         help=f"comma-separated, from {', '.join(POLICIES)}",
     )
+    p.add_argument(
+        "--average-gate",
+        action="store_true",
+        help="also run each controlled budget without the single-node gate",
+    )
     args = p.parse_args(argv)
     policies = args.policies.split(",")
     if any(x not in POLICIES for x in policies) or len(set(policies)) < len(policies):
         p.error(f"--policies: distinct names from {', '.join(POLICIES)}, got {args.policies!r}")
     side_by_side.check_suite_arguments(p, args)
 
+    from eaglepangu_jax.draft_control import ControlConfig
     from eaglepangu_jax.engine.config import SpecConfig
     from eaglepangu_jax.methods.registry import (
         DEFAULT_DEPTH,
@@ -104,6 +113,13 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
             )
             method = make_method(drafter, spec, default_depth=True)
             methods.append(dataclasses.replace(method, name=f"{drafter} b={budget} {policy}"))
+            if policy == "auto" and args.average_gate:
+                average = ControlConfig(single_node_gate=False)
+                method = make_method(
+                    drafter, dataclasses.replace(spec, control=average), default_depth=True
+                )
+                name = f"{drafter} b={budget} auto average-gate"
+                methods.append(dataclasses.replace(method, name=name))
     report = side_by_side.run_and_report(
         teacher,
         methods,

@@ -474,6 +474,7 @@ def nan_statistics(stats_like):
         hits=jnp.full_like(stats_like.hits, jnp.nan),
         accepted_ema=jnp.float32(jnp.nan),
         nodes_ema=jnp.float32(jnp.nan),
+        top_ema=jnp.float32(jnp.nan),
     )
 
 
@@ -528,12 +529,13 @@ CONTROL_P = 1e-6
 MIN_EXPECTED = 5.0  # chi-square cells with a smaller expected count are pooled
 SAMPLE_BUDGET = 4
 # With drafting costing 6% of a plain step (above the controller's free share, so the gate
-# decides): round 1 pays (accepted_ema starts at 1 and nodes_ema at 4: 2 T[0] > t_draft +
-# T[4]) and keeps up to 3 nodes (free on this curve); after a rejection (accepted_ema 0.5)
-# speculation no longer pays, so round 2 is plain: what the controller does depends on what
-# was sampled before. With drafting free, the drafter proposes every round instead and the
-# node budget decides.
-SAMPLE_CURVE = jnp.asarray([1.0, 1.0, 1.0, 1.0, 1.9], jnp.float32) * 0.01
+# decides): round 1 pays (accepted_ema and top_ema start at 1, nodes_ema at 4: 2 T[0] >
+# t_draft + T[4], and > t_draft + T[1]) and keeps up to 3 nodes (one price on this curve);
+# after a rejection (accepted_ema and top_ema 0.5) speculation no longer pays, neither the
+# average round nor one node (1.5 T[0] < t_draft + T[1]), so round 2 is plain: what the
+# controller does depends on what was sampled before. With drafting free, the drafter
+# proposes every round instead and the node budget decides.
+SAMPLE_CURVE = jnp.asarray([1.0, 1.5, 1.5, 1.5, 1.9], jnp.float32) * 0.01
 SAMPLE_GATED_DRAFT = 0.0006
 SAMPLE_NGRAM = NGramDrafter(budget=SAMPLE_BUDGET, depth=2, num_matches=4)
 SAMPLE_SPEC = SpecConfig(

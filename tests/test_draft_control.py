@@ -49,6 +49,7 @@ def stats_strategy(draw, finite=False):
         hits=jnp.asarray(draw(st.lists(count, min_size=b, max_size=b)), jnp.float32),
         accepted_ema=jnp.float32(draw(scalar)),
         nodes_ema=jnp.float32(draw(scalar)),
+        top_ema=jnp.float32(draw(f32(0, 1) if finite else st.one_of(f32(0, 1), nasty))),
         rounds_since_draft=jnp.int32(draw(st.integers(0, 100))),
         backoff=jnp.int32(draw(st.integers(0, 100))),
         observed=jnp.int32(draw(st.integers(-3, 100))),
@@ -149,6 +150,7 @@ def ref_update(stats, config, tree, length, path, speculated, paid=None):
             "hits": np.asarray(stats.hits),
             "accepted_ema": float(stats.accepted_ema),
             "nodes_ema": float(stats.nodes_ema),
+            "top_ema": float(stats.top_ema),
             "rounds_since_draft": rounds + 1,
             "backoff": backoff,
             "observed": int(stats.observed),
@@ -163,6 +165,11 @@ def ref_update(stats, config, tree, length, path, speculated, paid=None):
             b = ref_bin(ref_prob(scores[i]))
             trials[b] += 1
             hits[b] += i in accepted_slots
+    # The best-scored root child (NaN: -inf; ties: the lower slot), if the tree has one.
+    depth = np.asarray(tree.depth)
+    children = [i for i in range(1, tree.num_slots) if valid[i] and depth[i] == 1]
+    child_scores = [-math.inf if np.isnan(scores[i]) else scores[i] for i in children]
+    top_child = children[int(np.argmax(child_scores))] if children else None
 
     seen = max(int(stats.observed), 0)
 
@@ -183,6 +190,11 @@ def ref_update(stats, config, tree, length, path, speculated, paid=None):
         "hits": np.asarray(hits),
         "accepted_ema": ema(float(stats.accepted_ema), length),
         "nodes_ema": ema(float(stats.nodes_ema), nodes),
+        "top_ema": (
+            float(stats.top_ema)
+            if top_child is None
+            else ema(float(stats.top_ema), float(top_child in accepted_slots))
+        ),
         "rounds_since_draft": 0,
         "backoff": new_backoff,
         "observed": seen + 1,
@@ -262,24 +274,33 @@ def test_calibrated_logscores_matches_numpy(stats, scores, valid):
     st.one_of(f32(0, 0.5), nasty),
     st.integers(0, 20),
     st.integers(0, 20),
+    st.one_of(f32(0, 1), nasty),
+    st.booleans(),
 )
-def test_should_draft_matches_brute_force(accepted, nodes, latency, t_draft, rounds, backoff):
+def test_should_draft_matches_brute_force(
+    accepted, nodes, latency, t_draft, rounds, backoff, top, single_node_gate
+):
     pays, margin = ref_pays(accepted, nodes, latency, t_draft)
     assume(margin > 1e-4)
+    one_pays, one_margin = ref_pays(top, 1, latency, t_draft)
+    assume(one_margin > 1e-4)
     latency = np.asarray(latency, np.float32)
     assert bool(pays_jit(accepted, nodes, latency, t_draft)) == pays
+    config = dataclasses.replace(CONFIG, single_node_gate=single_node_gate)
     stats = dataclasses.replace(
-        dc.AcceptanceStats.create(CONFIG),
+        dc.AcceptanceStats.create(config),
         accepted_ema=jnp.float32(accepted),
         nodes_ema=jnp.float32(nodes),
+        top_ema=jnp.float32(top),
         rounds_since_draft=jnp.int32(rounds),
         backoff=jnp.int32(backoff),
     )
     free, free_margin = ref_free(latency, t_draft)
     assume(free_margin > 1e-4)
-    assert bool(dc.drafts_freely(CONFIG, latency, t_draft)) == free
-    due = rounds >= min(max(backoff, CONFIG.min_backoff), CONFIG.max_backoff)
-    assert bool(should_draft_jit(stats, CONFIG, latency, t_draft)) == (pays or due or free)
+    assert bool(dc.drafts_freely(config, latency, t_draft)) == free
+    due = rounds >= min(max(backoff, config.min_backoff), config.max_backoff)
+    want = pays or (single_node_gate and one_pays) or due or free
+    assert bool(should_draft_jit(stats, config, latency, t_draft)) == want
 
 
 @given(
@@ -430,9 +451,11 @@ def test_never_matching_drafter_rarely_speculates():
 
 def test_the_optimistic_start_is_corrected_within_a_few_rounds():
     """A drafter that accepts nothing from the first round. Averaged with the optimistic start
-    as one round, the estimate stops paying after 3 drafting rounds (then only the doubling
-    probes draft); a plain EMA (the start counting as 10^9 rounds, the negative control) keeps
-    drafting for 13 rounds, each paying for a draft and a multi-token verify."""
+    as one round, the average round's estimate stops paying after 3 drafting rounds (then only
+    the doubling probes draft); a plain EMA (the start counting as 10^9 rounds, the negative
+    control) keeps drafting for 13 rounds, each paying for a draft and a multi-token verify.
+    With the single-node gate (the default) the estimate for one node, which here costs 1/8 of
+    a plain step more with drafting, needs 7 rounds to fall below 1/8 (1 / (7 + 1))."""
 
     def drafted(config):
         stats, out = dc.AcceptanceStats.create(config), []
@@ -443,8 +466,10 @@ def test_the_optimistic_start_is_corrected_within_a_few_rounds():
             out.append(str(int(draft)))
         return "".join(out)
 
-    assert drafted(CONFIG) == "1110000100000000100000000000000001000000"
-    plain_ema = dataclasses.replace(CONFIG, prior_rounds=1e9)
+    average_only = dataclasses.replace(CONFIG, single_node_gate=False)
+    assert drafted(average_only) == "1110000100000000100000000000000001000000"
+    assert drafted(CONFIG) == "1111111000010000000010000000000000000100"
+    plain_ema = dataclasses.replace(average_only, prior_rounds=1e9)
     assert drafted(plain_ema) == "1111111111111000010000000010000000000000"
 
 
@@ -465,12 +490,14 @@ def test_speculation_resumes_when_text_turns_repetitive():
 # ------------------------------------------------------------------ non-finite input
 
 
-@pytest.mark.parametrize("field", ["accepted_ema", "nodes_ema", "latency", "t_draft"])
+@pytest.mark.parametrize("field", ["accepted_ema", "nodes_ema", "top_ema", "latency", "t_draft"])
 def test_nan_means_plain_decoding_except_due_probes(field):
-    good = dc.AcceptanceStats.create(CONFIG)
+    # Only the field under test could open the gate: the other route starts closed.
+    closed = "accepted_ema" if field == "top_ema" else "top_ema"
+    good = dataclasses.replace(dc.AcceptanceStats.create(CONFIG), **{closed: jnp.float32(0.0)})
     stats = (
         dataclasses.replace(good, **{field: jnp.float32(math.nan)})
-        if field in ("accepted_ema", "nodes_ema")
+        if field in ("accepted_ema", "nodes_ema", "top_ema")
         else good
     )
     latency = np.full_like(LATENCY, math.nan) if field == "latency" else LATENCY
@@ -494,3 +521,54 @@ def test_nan_counts_never_reach_outputs():
     np.testing.assert_allclose(out[[0, 3, 4]], [0.0, 0.0, -1.0], rtol=1e-6)  # prior only
     n, pruned = choose_nodes_jit(stats, CONFIG, CHAIN, LATENCY, 0.001, 0.0)
     assert 0 <= int(n) <= 8 and int(np.sum(pruned.valid)) == int(n) + 1
+
+
+def test_top_ema_follows_the_best_root_child():
+    """Two root children; the round's accepted path runs through the weaker one, then the
+    stronger one; a round whose tree has no root child leaves the estimate alone."""
+    tree = from_parents_jit(
+        np.array([0, 0, 0, 2], np.int32),
+        tokens=np.array([5, 6, 7, 8], np.int32),
+        logscore=np.log(np.array([1.0, 0.6, 0.3, 0.2], np.float32)),
+        max_depth=2,
+    )
+    start = dataclasses.replace(dc.AcceptanceStats.create(CONFIG), observed=jnp.int32(1000))
+    weaker = update_jit(start, CONFIG, tree, 2, np.array([0, 2, 3]), True)
+    stronger = update_jit(start, CONFIG, tree, 1, np.array([0, 1, 1]), True)
+    w = CONFIG.ema_weight
+    np.testing.assert_allclose(float(weaker.top_ema), 1.0 - w, rtol=1e-6)
+    np.testing.assert_allclose(float(stronger.top_ema), 1.0, rtol=1e-6)
+    root_only = dataclasses.replace(tree, valid=jnp.array([True, False, False, False]))
+    empty = update_jit(weaker, CONFIG, root_only, 0, np.array([0, 0, 0]), True)
+    assert float(empty.top_ema) == float(weaker.top_ema)
+    assert float(empty.accepted_ema) < float(weaker.accepted_ema)  # the round still counted
+
+
+def test_single_node_gate_keeps_drafting_where_one_node_pays():
+    """A three-node chain whose first node is accepted in 2 rounds of 5 and nothing deeper, on
+    a curve where 4 slots cost 1.5x a plain step and 2 slots 1.05x: the average round (1.4
+    tokens for 1.65 steps' time) does not pay, one node (1.4 for 1.2) does. The gate on the
+    average alone drafts only its probes (about one round in five); with the single-node gate
+    it drafts every round."""
+    latency = np.array([0.040, 0.042, 0.048, 0.060], np.float32)
+    chain = from_parents_jit(np.array([0, 0, 1, 2], np.int32), max_depth=3)
+    chain = dataclasses.replace(chain, logscore=jnp.log(jnp.array([1.0, 0.8, 0.6, 0.5])))
+
+    def drafted(config):
+        stats, out = dc.AcceptanceStats.create(config), []
+        for i in range(200):
+            draft = dc.should_draft(stats, config, latency, jnp.float32(0.006))
+            length = 1 if i % 5 in (0, 2) else 0
+            path = np.array([0, 1, 1, 1]) if length else np.zeros(4, np.int32)
+            paid = dc.speculation_pays(length, 3, latency, 0.006)
+            stats = update_jit(stats, config, chain, length, path, draft, paid)
+            out.append(bool(draft))
+        return np.asarray(out)
+
+    assert drafted(dataclasses.replace(CONFIG, single_node_gate=False))[50:].mean() < 0.3
+    assert drafted(CONFIG)[50:].all()
+
+
+def test_single_node_gate_must_be_a_bool():
+    with pytest.raises(ValueError, match="single_node_gate"):
+        dc.ControlConfig(single_node_gate=1)

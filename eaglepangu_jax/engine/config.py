@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from eaglepangu_jax.draft_control import ControlConfig
+
 __all__ = ["POLICIES", "ACCEPTANCE", "SpecConfig"]
 
 POLICIES = ("auto", "best_first", "static", "drafter")
@@ -46,6 +48,9 @@ class SpecConfig:
         its valid nodes (:func:`eaglepangu_jax.engine.verification.slot_buckets`). ``None``:
         1, 2, 4, 8, ... (a machine on which two rows cost what four do gains nothing from
         the 2-slot size and may leave it out, e.g. ``(1, 4, 8)``).
+      control: the ``"auto"`` controller's settings
+        (:class:`~eaglepangu_jax.draft_control.ControlConfig`: bins, averages, back-off, the
+        single-node gate); part of the static key.
     """
 
     policy: str = "auto"
@@ -61,6 +66,7 @@ class SpecConfig:
     eos_id: int | None = None
     choices: tuple[tuple[int, ...], ...] | None = None
     slot_buckets: tuple[int, ...] | None = None
+    control: ControlConfig = dataclasses.field(default_factory=ControlConfig)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -91,6 +97,8 @@ class SpecConfig:
                 raise ValueError(f"choices are deeper than depth {self.depth}")
         if self.draft_window is not None and self.draft_window < 1:
             raise ValueError(f"draft_window must be >= 1 or None, got {self.draft_window}")
+        if not isinstance(self.control, ControlConfig):
+            raise ValueError(f"control must be a ControlConfig, got {self.control!r}")
         if self.slot_buckets is not None:
             sizes = self.slot_buckets
             if (

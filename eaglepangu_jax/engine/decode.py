@@ -292,7 +292,7 @@ def state_after_prefill(
       prefill_features: ``[P - 1, F, H]`` teacher features of the prefilled tokens.
     """
     controlled = drafter is not None and spec.policy == "auto"
-    control = draft_control.ControlConfig()
+    control = spec.control
     # The drafter consumes every prompt feature in init_state below: nothing is pending.
     rows = feature_rows(spec, controlled, control)
     features = jnp.zeros((rows, *features.shape[1:]), features.dtype)

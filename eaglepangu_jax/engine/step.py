@@ -88,16 +88,18 @@ class StepStatic:
     # Verify only the smallest slot bucket holding the valid nodes (a lax.switch). Off for
     # batched runs: under vmap a switch evaluates every branch.
     bucketed: bool = True
-    # The draft-or-not controller's settings; used under the "auto" policy with a drafter.
-    control: draft_control.ControlConfig = dataclasses.field(
-        default_factory=draft_control.ControlConfig
-    )
 
     def __post_init__(self):
         # Only what shapes the computation stays in the static key: the run's values are in
         # the state (see DecodeState), so new values reuse the compiled loop. The budget is
         # the drafter's node limit at most (``fit_budget``), whoever built the static.
         object.__setattr__(self, "spec", static_spec(fit_budget(self.spec, self.drafter)))
+
+    @property
+    def control(self) -> draft_control.ControlConfig:
+        """The draft-or-not controller's settings (the spec's); used under the "auto" policy
+        with a drafter."""
+        return self.spec.control
 
     @property
     def controlled(self) -> bool:
