@@ -10,7 +10,11 @@ Methods are named ``D b=N best_first`` (N nodes every round) and ``D b=N auto`` 
 controller, N its ceiling), ``D`` the drafter; with ``--average-gate`` each controlled
 budget also runs as ``D b=N auto average-gate``, the controller without its single-node gate
 (``ControlConfig.single_node_gate=False``: it drafts only when the average round pays), to
-measure the gate side by side. Each controlled method learns its own cost
+measure the gate side by side. ``--disturbed-start S`` starts every controlled method's cost
+correction (``engine.costs``) as if one segment of speculative rounds had just run ``S``
+times slower than the calibration predicts at the 256- and 512-slot windows, the state a
+disturbed turn can leave behind on a shared machine, to measure how the controller recovers
+from it. Each controlled method learns its own cost
 correction and the calibration times each budget's drafting apart. The JSON is the bench
 report (turns with ``accepted_per_round`` and ``nodes_per_round``) with an
 ``eagle3_budgets`` entry: the drafter and, per method, the rounds, the share that verified
@@ -73,7 +77,16 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         action="store_true",
         help="also run each controlled budget without the single-node gate",
     )
+    p.add_argument(
+        "--disturbed-start",
+        type=float,
+        default=None,
+        metavar="S",
+        help="start the cost corrections as after speculative rounds S times slower (> 0)",
+    )
     args = p.parse_args(argv)
+    if args.disturbed_start is not None and not args.disturbed_start > 0:
+        p.error(f"--disturbed-start must be > 0, got {args.disturbed_start}")
     policies = args.policies.split(",")
     if any(x not in POLICIES for x in policies) or len(set(policies)) < len(policies):
         p.error(f"--policies: distinct names from {', '.join(POLICIES)}, got {args.policies!r}")
@@ -120,6 +133,11 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
                 )
                 name = f"{drafter} b={budget} auto average-gate"
                 methods.append(dataclasses.replace(method, name=name))
+    if args.disturbed_start is not None:
+        for method in methods:
+            for window in (256, 512):
+                if method.correction is not None:
+                    method.correction.observe(0.0, 1.0, args.disturbed_start, window)
     report = side_by_side.run_and_report(
         teacher,
         methods,
