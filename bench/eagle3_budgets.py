@@ -10,15 +10,18 @@ Methods are named ``D b=N best_first`` (N nodes every round) and ``D b=N auto`` 
 controller, N its ceiling), ``D`` the drafter; with ``--average-gate`` each controlled
 budget also runs as ``D b=N auto average-gate``, the controller without its single-node gate
 (``ControlConfig.single_node_gate=False``: it drafts only when the average round pays), to
-measure the gate side by side. ``--disturbed-start S`` starts every controlled method's cost
-correction (``engine.costs``) as if one segment of speculative rounds had just run ``S``
-times slower than the calibration predicts at the 256- and 512-slot windows, the state a
-disturbed turn can leave behind on a shared machine, to measure how the controller recovers
-from it. Each controlled method learns its own cost
-correction and the calibration times each budget's drafting apart. The JSON is the bench
-report (turns with ``accepted_per_round`` and ``nodes_per_round``) with an
-``eagle3_budgets`` entry: the drafter and, per method, the rounds, the share that verified
-nodes, accepted tokens per verifying round and how many rounds verified 0, 1, 2, ... nodes.
+measure the gate side by side; with ``--absent-fade`` each controlled method also runs as
+``... absent-fade``, its cost correction fading a kind of round's old evidence only while
+that kind is absent (``CostCorrection(rare_share=0.0)``, the rule before session 52).
+``--disturbed-start S`` starts every controlled method's cost correction
+(``engine.costs``) as if one segment of speculative rounds had just run ``S`` times slower
+than the calibration predicts at the 256- and 512-slot windows, the state a disturbed turn
+can leave behind on a shared machine, to measure how the controller recovers from it. Each
+controlled method learns its own cost correction and the calibration times each budget's
+drafting apart. The JSON is the bench report (turns with ``accepted_per_round`` and
+``nodes_per_round``) with an ``eagle3_budgets`` entry: the drafter and, per method, the
+rounds, the share that verified nodes, accepted tokens per verifying round and how many
+rounds verified 0, 1, 2, ... nodes.
 """
 
 from __future__ import annotations
@@ -78,6 +81,11 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         help="also run each controlled budget without the single-node gate",
     )
     p.add_argument(
+        "--absent-fade",
+        action="store_true",
+        help="also run each controlled method with the cost correction's absent-only fading",
+    )
+    p.add_argument(
         "--disturbed-start",
         type=float,
         default=None,
@@ -94,6 +102,7 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
 
     from eaglepangu_jax.draft_control import ControlConfig
     from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.engine.costs import CostCorrection
     from eaglepangu_jax.methods.registry import (
         DEFAULT_DEPTH,
         REFERENCE,
@@ -133,6 +142,14 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
                 )
                 name = f"{drafter} b={budget} auto average-gate"
                 methods.append(dataclasses.replace(method, name=name))
+    if args.absent_fade:
+        methods += [
+            dataclasses.replace(
+                m, name=f"{m.name} absent-fade", correction=CostCorrection(rare_share=0.0)
+            )
+            for m in methods
+            if m.correction is not None
+        ]
     if args.disturbed_start is not None:
         for method in methods:
             for window in (256, 512):

@@ -126,6 +126,30 @@ def test_evidence_about_a_kind_of_round_that_no_longer_runs_fades():
     assert kept[-1] > 1.7  # without fading, the stale ratio stays (the trap it removes)
 
 
+def _disturbed_then_thin(rare_share):
+    """One segment of speculative rounds only, timed 1.5x slow (a disturbed turn), then
+    segments in which speculative rounds are 10% of the predicted time, all timed at
+    a = b = 1: the speculative scale after each of them."""
+    fit = CostCorrection(rare_share=rare_share)
+    fit.observe(0.0, 1.0, 1.5)
+    scales = []
+    for _ in range(10):
+        fit.observe(0.9, 0.1, 1.0)
+        scales.append(fit.scales[1])
+    return scales
+
+
+def test_evidence_of_a_disturbed_turn_fades_while_its_kind_is_rare():
+    # The disturbed segment made speculation look 1.5x dearer, so the controller drafts
+    # rarely and each later segment holds few speculative rounds: without the rare rule
+    # their thin evidence takes many segments to outweigh it (the trap seen on the dev suite).
+    fading = _disturbed_then_thin(rare_share=0.25)
+    absent_only = _disturbed_then_thin(rare_share=0.0)
+    assert fading[0] > 1.3  # one thin segment is ordinary alternation: nothing fades
+    assert fading[4] == pytest.approx(1.0, abs=0.05)
+    assert absent_only[4] > 1.2 and absent_only[-1] > 1.1
+
+
 def test_first_run_of_a_loop_is_flagged_once():
     fit = CostCorrection()
     assert fit.first_run(("loop", 256)) and not fit.first_run(("loop", 256))
@@ -139,6 +163,8 @@ def test_settings_are_checked():
         CostCorrection(prior_tie=0.0)
     with pytest.raises(ValueError, match="stale_decay"):
         CostCorrection(stale_decay=1.5)
+    with pytest.raises(ValueError, match="rare_share"):
+        CostCorrection(rare_share=1.0)
 
 
 def _tiny_auto_setup(max_position=256, max_new_tokens=120):

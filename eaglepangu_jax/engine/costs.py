@@ -27,16 +27,20 @@ Two rules keep one odd stretch of text from steering the controller for good:
   together, such a segment moved the scales of every later short turn (measured:
   docs/RESULTS.md, "Per-category 2 after the cost fit went per window"). Each window keeps its
   own fit; a window never seen starts from the uncorrected curve.
-* **Evidence about a kind of round fades while that kind does not run.** The controller's
-  choice depends only on ``a / b``; once it speculates in every round (or in none) the
-  segments say nothing new about the other kind, and a ratio learned from a few noisy
-  segments would hold for as long as the old evidence lasts. So from the second segment in a
-  row without plain rounds, each such segment multiplies the weight of the earlier segments
-  that had some by ``stale_decay`` (and the same for speculative rounds; one segment without
-  a kind is ordinary alternation and fades nothing). The unseen scale then returns to the
+* **Evidence about a kind of round fades while that kind barely runs.** The controller's
+  choice depends only on ``a / b``; once it speculates in (nearly) every round, or in
+  (nearly) none, the segments say little new about the other kind, and a ratio learned from
+  a few noisy segments would hold for as long as the old evidence lasts. So from the second
+  segment in a row in which plain rounds are at most ``rare_share`` of the predicted time,
+  each such segment multiplies the weight of the earlier segments in which they were a larger
+  share than in it by ``stale_decay`` (and the same for speculative rounds; one such segment
+  is ordinary alternation and fades nothing). The rarely seen scale then returns to the
   machine's overall speed (the pull toward each other), the controller weighs the rounds on
-  the calibrated ratio again, and fresh evidence of both kinds follows. (A safeguard, shown on
-  synthetic segments in the tests; the benchmarks have not isolated its effect.)
+  the calibrated ratio again, and fresh evidence of both kinds follows. Why "rare" and not
+  only "absent" (``rare_share = 0``, the rule before session 52): after one disturbed turn
+  the EAGLE-3 head's speculative scale stayed at 1.2-1.6 for twenty turns, the controller
+  drafting in a fifth of the rounds, each segment too thin in speculative rounds to outweigh
+  the disturbed one (docs/RESULTS.md, "The cost correction after a disturbed turn").
 
 The object is host-side and mutable (not a pytree, never traced): a caller that keeps one per
 method passes it to every :func:`~eaglepangu_jax.engine.decode.generate` call. The corrected
@@ -64,7 +68,9 @@ class CostCorrection:
     Attributes:
       decay: weight kept by older segments when a new one is added, in ``(0, 1]``.
       stale_decay: extra weight kept by the earlier segments with plain (speculative) rounds,
-        per segment after the first in a row without any, in ``(0, 1]``; 1: no fading.
+        per segment after the first in a row where they are rare, in ``(0, 1]``; 1: no fading.
+      rare_share: a kind of round is rare in a segment when its share of the segment's
+        predicted seconds is at most this, in ``[0, 1)``; 0: only when it is absent.
       prior_plain: pull of ``a`` toward 1, in segments' worth of evidence.
       prior_tie: pull of ``b`` toward ``a``, in segments' worth of evidence.
       min_seconds: segments shorter than this are ignored (host overhead dominates them).
@@ -72,6 +78,7 @@ class CostCorrection:
 
     decay: float = 0.9
     stale_decay: float = 0.3
+    rare_share: float = 0.25
     prior_plain: float = 0.01
     prior_tie: float = 0.05
     min_seconds: float = 0.05
@@ -86,6 +93,8 @@ class CostCorrection:
         for name in ("decay", "stale_decay"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if not 0.0 <= self.rare_share < 1.0:
+            raise ValueError(f"rare_share must be in [0, 1), got {self.rare_share}")
         if not (self.prior_plain > 0.0 and self.prior_tie > 0.0):
             raise ValueError("prior_plain and prior_tie must be > 0")
 
@@ -132,14 +141,16 @@ class CostCorrection:
         total = plain_predicted + spec_predicted
         x1, x2, y = plain_predicted / total, spec_predicted / total, measured / total
         previous = self._rows.get(window, [])
-        # A kind of round missing from this segment *and* the one before: its evidence ages.
-        # (One missing segment is normal alternation, e.g. a plain turn after a speculative one.)
-        plain_gone = x1 == 0.0 and bool(previous) and previous[-1][0] == 0.0
-        spec_gone = x2 == 0.0 and bool(previous) and previous[-1][1] == 0.0
+        # A kind of round rare in this segment *and* the one before: the evidence of the
+        # segments that saw more of it than this one ages. (One such segment is normal
+        # alternation, e.g. a plain turn after a speculative one.)
+        rare = self.rare_share
+        plain_gone = x1 <= rare and bool(previous) and previous[-1][0] <= rare
+        spec_gone = x2 <= rare and bool(previous) and previous[-1][1] <= rare
         rows = []
         for old1, old2, old_y, weight in previous:
             weight *= self.decay
-            if (plain_gone and old1 > 0.0) or (spec_gone and old2 > 0.0):
+            if (plain_gone and old1 > x1) or (spec_gone and old2 > x2):
                 weight *= self.stale_decay
             rows.append((old1, old2, old_y, weight))
         rows.append((x1, x2, y, 1.0))
