@@ -12,7 +12,9 @@ budget also runs as ``D b=N auto average-gate``, the controller without its sing
 (``ControlConfig.single_node_gate=False``: it drafts only when the average round pays), to
 measure the gate side by side; with ``--absent-fade`` each controlled method also runs as
 ``... absent-fade``, its cost correction fading a kind of round's old evidence only while
-that kind is absent (``CostCorrection(rare_share=0.0)``, the rule before session 52).
+that kind is absent (``CostCorrection(rare_share=0.0)``, the rule before session 52); with
+``--old-correction`` as ``... old-correction``, the cost correction as it was before session
+52 (absent-only fading, every segment at full weight: ``rare_share=0.0, surprise=None``).
 ``--disturbed-start S`` starts every controlled method's cost correction
 (``engine.costs``) as if one segment of speculative rounds had just run ``S`` times slower
 than the calibration predicts at the 256- and 512-slot windows, the state a disturbed turn
@@ -65,6 +67,25 @@ def round_summary(turns: list[dict], name: str) -> dict:
     }
 
 
+def correction_twins(methods: list, *, absent_fade: bool, old_correction: bool) -> list:
+    """A twin of every method with a cost correction, named ``"<name> absent-fade"`` (the
+    correction fading only absent kinds of round) and/or ``"<name> old-correction"`` (also
+    every segment at full weight), each with a fresh correction of its own."""
+    from eaglepangu_jax.engine.costs import CostCorrection
+
+    twins = {}
+    if absent_fade:
+        twins["absent-fade"] = dict(rare_share=0.0)
+    if old_correction:
+        twins["old-correction"] = dict(rare_share=0.0, surprise=None)
+    return [
+        dataclasses.replace(m, name=f"{m.name} {twin}", correction=CostCorrection(**settings))
+        for twin, settings in twins.items()
+        for m in methods
+        if m.correction is not None
+    ]
+
+
 def main(argv=None, *, teacher=None, renderer=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     side_by_side.add_suite_arguments(p, per_category=0)
@@ -86,6 +107,11 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         help="also run each controlled method with the cost correction's absent-only fading",
     )
     p.add_argument(
+        "--old-correction",
+        action="store_true",
+        help="also run each controlled method with the cost correction of before session 52",
+    )
+    p.add_argument(
         "--disturbed-start",
         type=float,
         default=None,
@@ -102,7 +128,6 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
 
     from eaglepangu_jax.draft_control import ControlConfig
     from eaglepangu_jax.engine.config import SpecConfig
-    from eaglepangu_jax.engine.costs import CostCorrection
     from eaglepangu_jax.methods.registry import (
         DEFAULT_DEPTH,
         REFERENCE,
@@ -142,14 +167,9 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
                 )
                 name = f"{drafter} b={budget} auto average-gate"
                 methods.append(dataclasses.replace(method, name=name))
-    if args.absent_fade:
-        methods += [
-            dataclasses.replace(
-                m, name=f"{m.name} absent-fade", correction=CostCorrection(rare_share=0.0)
-            )
-            for m in methods
-            if m.correction is not None
-        ]
+    methods += correction_twins(
+        methods, absent_fade=args.absent_fade, old_correction=args.old_correction
+    )
     if args.disturbed_start is not None:
         for method in methods:
             for window in (256, 512):

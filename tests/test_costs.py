@@ -150,6 +150,50 @@ def test_evidence_of_a_disturbed_turn_fades_while_its_kind_is_rare():
     assert absent_only[4] > 1.2 and absent_only[-1] > 1.1
 
 
+def _mixed(fit, count, a, b, rng, slow=1.0):
+    for _ in range(count):
+        plain, spec = rng.uniform(0.2, 1.0, size=2)
+        fit.observe(plain, spec, slow * (a * plain + b * spec))
+
+
+def test_one_disturbed_segment_moves_a_settled_fit_little():
+    # A settled fit (a = 1, b = 1.1), then one segment timed 1.6x slow (a disturbed turn):
+    # weighted like any other it moves the speculative scale to about 1.44 (and the plain
+    # one to 0.75); entering with weight surprise / 0.6 it moves both about a third as far.
+    def after_disturbance(surprise):
+        fit, rng = CostCorrection(surprise=surprise), np.random.default_rng(1)
+        _mixed(fit, 30, 1.0, 1.1, rng)
+        fit.observe(0.2, 0.8, 1.6 * (0.2 + 0.8 * 1.1))
+        return fit.scales
+
+    a, b = after_disturbance(0.15)
+    a_plain, b_plain = after_disturbance(None)
+    assert abs(b - 1.1) < 0.4 * abs(b_plain - 1.1)
+    assert abs(a - 1.0) < 0.4 * abs(a_plain - 1.0) + 1e-3
+    assert b == pytest.approx(1.1, abs=0.12) and b_plain > 1.35
+
+
+def test_a_lasting_change_of_the_machine_is_still_learned():
+    # Settled at a = b = 1, then every segment 1.3x slow: each enters with less weight at
+    # first, the residuals shrink as the fit follows, and it arrives.
+    fit, rng = CostCorrection(), np.random.default_rng(2)
+    _mixed(fit, 10, 1.0, 1.0, rng)
+    _mixed(fit, 25, 1.0, 1.0, rng, slow=1.3)
+    a, b = fit.scales
+    assert a == pytest.approx(1.3, abs=0.05) and b == pytest.approx(1.3, abs=0.05)
+
+
+def test_a_new_window_learns_a_slow_machine_at_once():
+    # The surprise rule waits for a settled fit: the first segments count fully, as without
+    # it, and the fit is at the machine's speed (up to the weak priors) after one.
+    fits = CostCorrection(), CostCorrection(surprise=None)
+    for _ in range(3):
+        for fit in fits:
+            fit.observe(0.5, 0.5, 1.5)
+        assert fits[0].scales == fits[1].scales
+        assert fits[0].scales == pytest.approx((1.5, 1.5), abs=0.05)
+
+
 def test_first_run_of_a_loop_is_flagged_once():
     fit = CostCorrection()
     assert fit.first_run(("loop", 256)) and not fit.first_run(("loop", 256))
@@ -165,6 +209,10 @@ def test_settings_are_checked():
         CostCorrection(stale_decay=1.5)
     with pytest.raises(ValueError, match="rare_share"):
         CostCorrection(rare_share=1.0)
+    with pytest.raises(ValueError, match="surprise"):
+        CostCorrection(surprise=0.0)
+    with pytest.raises(ValueError, match="settled"):
+        CostCorrection(settled=-1.0)
 
 
 def _tiny_auto_setup(max_position=256, max_new_tokens=120):

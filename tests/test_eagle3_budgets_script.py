@@ -28,10 +28,26 @@ def script():
         (["--drafter", "greedy"], "--drafter"),
         (["--drafter", "nope"], "--drafter"),
         (["--drafter", "ngram,block"], "--drafter"),
+        (["--disturbed-start", "0"], "--disturbed-start"),
     ],
 )
 def test_bad_settings_are_refused(script, tmp_path, capsys, argv, needle):
     assert needle in refusal(script, argv, tmp_path, capsys)
+
+
+def test_correction_twins_get_their_own_settings(script):
+    from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.methods.registry import make_method
+
+    greedy = make_method("greedy", SpecConfig(budget=1, depth=2))
+    ngram = make_method("ngram", SpecConfig(budget=4, depth=2))
+    assert script.correction_twins([greedy, ngram], absent_fade=False, old_correction=False) == []
+    twins = script.correction_twins([greedy, ngram], absent_fade=True, old_correction=True)
+    assert [t.name for t in twins] == ["ngram absent-fade", "ngram old-correction"]
+    absent, old = (t.correction for t in twins)
+    assert (absent.rare_share, absent.surprise) == (0.0, ngram.correction.surprise)
+    assert (old.rare_share, old.surprise) == (0.0, None)
+    assert absent is not ngram.correction and old is not ngram.correction
 
 
 def test_round_summary_pools_the_turns(script):

@@ -20,7 +20,8 @@ of ``a`` toward 1 and a weak pull of ``b`` toward ``a``: when only one kind of r
 the other scale follows the machine's overall speed instead of staying where it was. Both
 stay within ``[1/4, 4]``.
 
-Two rules keep one odd stretch of text from steering the controller for good:
+Three rules keep one odd stretch of text, or one disturbed turn, from steering the
+controller for good:
 
 * **One fit per attention window.** A segment runs at one window, and the curve is predicted
   at the prompt's window; a long turn's later segments attend twice as many positions. Fitted
@@ -41,6 +42,17 @@ Two rules keep one odd stretch of text from steering the controller for good:
   the EAGLE-3 head's speculative scale stayed at 1.2-1.6 for twenty turns, the controller
   drafting in a fifth of the rounds, each segment too thin in speculative rounds to outweigh
   the disturbed one (docs/RESULTS.md, "The cost correction after a disturbed turn").
+* **A surprising segment enters with less weight, once the fit is settled.** A shared
+  machine slows now and then for a turn: such a segment, weighted like any other, moved the
+  scales by a third or more and held them there for about twenty segments (decay 0.9), the
+  n-gram drafter's speculative scale at 1.1-1.7 after one disturbed turn in one run on the
+  dev suite while its twin, spared, stayed at 0.8-1.0 (docs/RESULTS.md, "The cost correction
+  after a disturbed turn"). So once a window's fit rests on at least ``settled`` segments'
+  worth of weight, a segment whose time is off the fit's prediction by a fraction ``r >
+  surprise`` enters with weight ``surprise / r`` (Huber's rule, one pass): a lasting change
+  of the machine still moves the fit, segment after segment, as its residuals shrink; a
+  window's first segments always count fully (a machine far slower than calibrated is
+  learned at once).
 
 The object is host-side and mutable (not a pytree, never traced): a caller that keeps one per
 method passes it to every :func:`~eaglepangu_jax.engine.decode.generate` call. The corrected
@@ -74,6 +86,10 @@ class CostCorrection:
       prior_plain: pull of ``a`` toward 1, in segments' worth of evidence.
       prior_tie: pull of ``b`` toward ``a``, in segments' worth of evidence.
       min_seconds: segments shorter than this are ignored (host overhead dominates them).
+      surprise: ``> 0``, the relative deviation from the settled fit's prediction above which
+        a segment's weight falls as ``surprise / deviation``; ``None``: every segment weighs 1.
+      settled: ``>= 0``, the total weight (in segments) a window's fit needs before
+        ``surprise`` applies.
     """
 
     decay: float = 0.9
@@ -82,6 +98,8 @@ class CostCorrection:
     prior_plain: float = 0.01
     prior_tie: float = 0.05
     min_seconds: float = 0.05
+    surprise: float | None = 0.15
+    settled: float = 3.0
     segments: int = 0
     # Per window (None: not given), the used segments as relative (x_plain, x_spec, y) rows,
     # oldest first, each with its weight.
@@ -97,6 +115,10 @@ class CostCorrection:
             raise ValueError(f"rare_share must be in [0, 1), got {self.rare_share}")
         if not (self.prior_plain > 0.0 and self.prior_tie > 0.0):
             raise ValueError("prior_plain and prior_tie must be > 0")
+        if self.surprise is not None and not 0.0 < self.surprise < float("inf"):
+            raise ValueError(f"surprise must be finite and > 0, or None; got {self.surprise}")
+        if not 0.0 <= self.settled < float("inf"):
+            raise ValueError(f"settled must be finite and >= 0, got {self.settled}")
 
     def scales_for(self, window: int | None = None) -> tuple[float, float]:
         """``(a, b)`` for segments at ``window``: the plain-step and speculative-round scale
@@ -141,6 +163,7 @@ class CostCorrection:
         total = plain_predicted + spec_predicted
         x1, x2, y = plain_predicted / total, spec_predicted / total, measured / total
         previous = self._rows.get(window, [])
+        weight = self._surprise_weight(x1, x2, y, window)
         # A kind of round rare in this segment *and* the one before: the evidence of the
         # segments that saw more of it than this one ages. (One such segment is normal
         # alternation, e.g. a plain turn after a speculative one.)
@@ -148,15 +171,27 @@ class CostCorrection:
         plain_gone = x1 <= rare and bool(previous) and previous[-1][0] <= rare
         spec_gone = x2 <= rare and bool(previous) and previous[-1][1] <= rare
         rows = []
-        for old1, old2, old_y, weight in previous:
-            weight *= self.decay
+        for old1, old2, old_y, old_weight in previous:
+            old_weight *= self.decay
             if (plain_gone and old1 > x1) or (spec_gone and old2 > x2):
-                weight *= self.stale_decay
-            rows.append((old1, old2, old_y, weight))
-        rows.append((x1, x2, y, 1.0))
+                old_weight *= self.stale_decay
+            rows.append((old1, old2, old_y, old_weight))
+        rows.append((x1, x2, y, weight))
         self._rows[window] = rows[-_MAX_SEGMENTS:]
         self._last_window = window
         self.segments += 1
+
+    def _surprise_weight(self, x1: float, x2: float, y: float, window: Any) -> float:
+        """The weight a new relative segment ``(x1, x2, y)`` enters with (module docstring):
+        1 until the window's fit is settled, then ``surprise / r`` where its time deviates
+        from the fit's prediction by a fraction ``r > surprise``."""
+        rows = self._rows.get(window, [])
+        if self.surprise is None or sum(row[3] for row in rows) < self.settled:
+            return 1.0
+        a, b = self.scales_for(window)
+        predicted = a * x1 + b * x2
+        deviation = abs(y / predicted - 1.0) if predicted > 0 else float("inf")
+        return 1.0 if deviation <= self.surprise else self.surprise / deviation
 
     def apply(
         self, verify_latency: Any, draft_seconds: float, window: int | None = None
