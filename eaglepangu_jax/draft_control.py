@@ -24,8 +24,9 @@ round (:func:`update`, pure and jittable):
   may cost much more). So a third EMA, ``top_ema``, tracks how often the drafter's best root
   child was accepted, and the gate also opens when one such node alone would pay
   (``ControlConfig.single_node_gate``); the node budget then decides, on the round's own
-  scores, how many nodes it verifies. Without it, three-node EAGLE-3 trees on an Intel Xeon
-  drafted in 20% of rounds where one-node trees drafted in 88% (docs/RESULTS.md).
+  scores, how many nodes it verifies. Three-node EAGLE-3 trees on an Intel Xeon drafted in
+  72% of rounds with it, 56% without, at the same speed, and kept drafting a little more
+  after a disturbed turn (docs/RESULTS.md, "The controller after a disturbed turn").
   A probe that does not pay (fewer accepted tokens than a plain step would have emitted in
   its time) doubles ``backoff`` (up to ``max_backoff``); any speculative round that pays
   resets it to ``min_backoff``. So a drafter that never pays

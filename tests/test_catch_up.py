@@ -100,16 +100,15 @@ def assert_same_drafter_state(kind, ours, fresh, n):
 def test_plain_rounds_defer_the_update_and_catching_up_is_exact(teacher, kind):
     make = eagle3_drafter if kind == "eagle3" else draft_target_drafter
     drafter, params = make(teacher)
-    spec = SpecConfig(budget=BUDGET, depth=DEPTH, max_new_tokens=NEW, eos_id=-7)
+    spec = SpecConfig(budget=BUDGET, depth=DEPTH, max_new_tokens=NEW, eos_id=-7, control=CONTROL)
     capacity = gen.cache_slots(len(PROMPT), spec, CFG.max_position)
     state = gen.init_state(
         teacher, drafter, params, PROMPT, spec, capacity=capacity, key=jax.random.key(0)
     )
-    static = StepStatic(teacher=CFG, drafter=drafter, spec=spec, window=capacity, control=CONTROL)
-    # The engine sizes the buffer from the default ControlConfig; this test's smaller backlog
-    # is a smaller buffer of the same rows.
-    rows = feature_rows(spec, True, CONTROL)
-    state = type(state)(**{**vars(state), "features": state.features[:rows]})
+    static = StepStatic(teacher=CFG, drafter=drafter, spec=spec, window=capacity)
+    # The engine sizes the feature buffer from the spec's ControlConfig (this test's smaller
+    # backlog).
+    assert state.features.shape[0] == feature_rows(spec, True, CONTROL)
     step = jax.jit(speculative_step, static_argnums=0)
     settle = jax.jit(catch_up, static_argnums=0)
     plain = flushes = 0

@@ -41,18 +41,18 @@ controller for good:
   only "absent" (``rare_share = 0``, the rule before session 52): after one disturbed turn
   the EAGLE-3 head's speculative scale stayed at 1.2-1.6 for twenty turns, the controller
   drafting in a fifth of the rounds, each segment too thin in speculative rounds to outweigh
-  the disturbed one (docs/RESULTS.md, "The cost correction after a disturbed turn").
+  the disturbed one (docs/RESULTS.md, "The controller after a disturbed turn").
 * **A surprising segment enters with less weight, once the fit is settled.** A shared
-  machine slows now and then for a turn: such a segment, weighted like any other, moved the
-  scales by a third or more and held them there for about twenty segments (decay 0.9), the
-  n-gram drafter's speculative scale at 1.1-1.7 after one disturbed turn in one run on the
-  dev suite while its twin, spared, stayed at 0.8-1.0 (docs/RESULTS.md, "The cost correction
-  after a disturbed turn"). So once a window's fit rests on at least ``settled`` segments'
-  worth of weight, a segment whose time is off the fit's prediction by a fraction ``r >
-  surprise`` enters with weight ``surprise / r`` (Huber's rule, one pass): a lasting change
-  of the machine still moves the fit, segment after segment, as its residuals shrink; a
-  window's first segments always count fully (a machine far slower than calibrated is
-  learned at once).
+  machine slows now and then for a turn: such a segment, weighted like any other, can move
+  a scale by half or more and hold it there for about twenty segments (decay 0.9); in one
+  run on the dev suite the n-gram drafter's speculative scale went to 1.72 after one
+  disturbed turn and took twenty turns to come back to 1.07, while its twin, spared, stayed
+  at 0.8-1.0 (docs/RESULTS.md, "The controller after a disturbed turn"). So once a
+  window's fit rests on at least ``settled`` segments' worth of weight, a segment whose time
+  is off the fit's prediction by a fraction ``r > surprise`` enters with weight ``surprise /
+  r`` (Huber's rule, one pass): a lasting change of the machine still moves the fit,
+  segment after segment, as its residuals shrink; a window's first segments always count
+  fully (a machine far slower than calibrated is learned at once).
 
 The object is host-side and mutable (not a pytree, never traced): a caller that keeps one per
 method passes it to every :func:`~eaglepangu_jax.engine.decode.generate` call. The corrected

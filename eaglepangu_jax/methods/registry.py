@@ -94,9 +94,10 @@ DRAFTER_BUDGETS = {"eagle3": 1, "block": 1, "draft-distilled": 1}
 # against 28 ms for one) and three nodes paid more than one (240 turns side by side: EAGLE-3
 # 1.23x vs 1.12x, block 1.18x vs 1.08x; docs/RESULTS.md); on the Intel Xeon four slots cost
 # 1.4x two with XLA's products (one node stayed) and 1.13x with the few-row kernel: three
-# nodes were chosen there in session 51, yet one node paid more (dev suite 1.26x against
-# 1.11x), so this verify-cost rule is known to misjudge some machines. The distilled draft
-# is not here: each node is one more forward of the draft model, about half a plain step.
+# nodes are chosen there and ran like one (dev suite 1.31x and 1.30x, session 52; session
+# 51's 1.11x at three nodes was the controller locked out by a disturbed turn). The
+# distilled draft is not here: each node is one more forward of the draft model, about half
+# a plain step.
 MACHINE_SIZED = ("eagle3", "block")
 CPU_PEAK_FLOPS = NOMINAL_PEAK_FLOPS  # the uncalibrated roofline's machine (see budget)
 CPU_BANDWIDTH = NOMINAL_BANDWIDTH
