@@ -18,6 +18,11 @@ round (:func:`update`, pure and jittable):
   already halves the optimism (with a plain EMA of weight 0.1, every generation began with
   up to 13 such rounds, each paying for a draft and a multi-token verify).
   :func:`should_draft` adds an exploration probe after ``backoff`` rounds without drafting.
+  A probe that does not pay (fewer accepted tokens than a plain step would have emitted in
+  its time) doubles ``backoff`` (up to ``max_backoff``); any speculative round that pays
+  resets it to ``min_backoff``. So a drafter that never pays
+  speculates in about ``1 / max_backoff`` of the rounds, while one that starts paying
+  (repetitive text) is retried within ``max_backoff + 1`` rounds.
 * **The cheapest speculative round.** The averages above describe the rounds as the node
   budget shaped them; a drafter of several nodes a round whose average round does not pay
   may still pay with one node (verifying two slots costs little more than a plain step, four
@@ -27,11 +32,6 @@ round (:func:`update`, pure and jittable):
   scores, how many nodes it verifies. Three-node EAGLE-3 trees on an Intel Xeon drafted in
   72% of rounds with it, 56% without, at the same speed, and kept drafting a little more
   after a disturbed turn (docs/RESULTS.md, "The controller after a disturbed turn").
-  A probe that does not pay (fewer accepted tokens than a plain step would have emitted in
-  its time) doubles ``backoff`` (up to ``max_backoff``); any speculative round that pays
-  resets it to ``min_backoff``. So a drafter that never pays
-  speculates in about ``1 / max_backoff`` of the rounds, while one that starts paying
-  (repetitive text) is retried within ``max_backoff + 1`` rounds.
 * **Near-free drafters propose every round.** When drafting costs at most
   ``free_draft_share`` of a plain step (:func:`drafts_freely`: the n-gram drafter's lookup
   costs about 1% of one), the gate has nothing to save: the drafter proposes every round and
@@ -349,14 +349,14 @@ def update(
     this round's accepted length and node count, and ``top_ema`` toward whether its
     best-scored root child was accepted (a tree without a root child leaves it), with weight
     ``max(ema_weight, 1 / (observed + 1 + prior_rounds))`` (a non-finite EMA restarts at the
-    observation), and ``observed``
-    grows by one; ``rounds_since_draft`` becomes 0. A speculative round that *paid* resets
-    ``backoff`` to ``min_backoff``; a probe (speculation while ``rounds_since_draft >=
-    backoff``) that did not doubles it. ``paid`` is whether the round beat a plain step
-    (:func:`speculation_pays` on its own accepted length and node count, which the engine
-    passes); without it, accepting >= 1 token counts as paid. The difference matters for a
-    drafter that often gets one token right but never enough to pay: with the weaker rule
-    each such probe reset the back-off, and it probed every ``min_backoff`` rounds.
+    observation), and ``observed`` grows by one; ``rounds_since_draft`` becomes 0. A
+    speculative round that *paid* resets ``backoff`` to ``min_backoff``; a probe (speculation
+    while ``rounds_since_draft >= backoff``) that did not doubles it. ``paid`` is whether the
+    round beat a plain step (:func:`speculation_pays` on its own accepted length and node
+    count, which the engine passes); without it, accepting >= 1 token counts as paid. The
+    difference matters for a drafter that often gets one token right but never enough to
+    pay: with the weaker rule each such probe reset the back-off, and it probed every
+    ``min_backoff`` rounds.
     """
     _check_bins(stats, config)
     slots = tree.num_slots
