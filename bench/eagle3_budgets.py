@@ -86,6 +86,22 @@ def correction_twins(methods: list, *, absent_fade: bool, old_correction: bool) 
     ]
 
 
+def old_controller_twin(drafter: str, spec, make_method):
+    """``drafter`` under ``spec`` with the controller of before session 52, named
+    ``"<drafter> b=<budget> auto old-controller"``: the gate opens only when the average round
+    pays, and the cost correction weighs every segment fully and fades only absent kinds."""
+    from eaglepangu_jax.draft_control import ControlConfig
+    from eaglepangu_jax.engine.costs import CostCorrection
+
+    average = dataclasses.replace(spec, control=ControlConfig(single_node_gate=False))
+    method = make_method(drafter, average, default_depth=True)
+    return dataclasses.replace(
+        method,
+        name=f"{drafter} b={spec.budget} auto old-controller",
+        correction=CostCorrection(rare_share=0.0, surprise=None),
+    )
+
+
 def main(argv=None, *, teacher=None, renderer=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     side_by_side.add_suite_arguments(p, per_category=0)
@@ -110,6 +126,12 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
         "--old-correction",
         action="store_true",
         help="also run each controlled method with the cost correction of before session 52",
+    )
+    p.add_argument(
+        "--old-controller",
+        action="store_true",
+        help="also run each controlled budget with the controller of before session 52 (no "
+        "single-node gate, the old cost correction) as one twin",
     )
     p.add_argument(
         "--disturbed-start",
@@ -167,6 +189,8 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
                 )
                 name = f"{drafter} b={budget} auto average-gate"
                 methods.append(dataclasses.replace(method, name=name))
+            if policy == "auto" and args.old_controller:
+                methods.append(old_controller_twin(drafter, spec, make_method))
     methods += correction_twins(
         methods, absent_fade=args.absent_fade, old_correction=args.old_correction
     )

@@ -155,6 +155,11 @@ def evaluate(kind: str, head, config, embed, batches, depth: int, meta: dict) ->
     report = train_block.evaluate(head, config, embed, batches)
     calibration = train_block.fit_depth_temperatures(head, config, embed, batches)
     report["ece_raw"] = calibration["ece_before"]
+    report["fitted_depth_temperature"] = calibration["depth_temperature"]
+    given_chain = train_block.fit_depth_temperatures(
+        head, config, embed, batches, given_chain=True
+    )
+    report["given_chain_calibration"] = given_chain
     report["stored_depth_temperature"] = meta.get("calibration", {}).get("depth_temperature")
     return report
 

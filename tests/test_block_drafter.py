@@ -616,6 +616,31 @@ def test_fit_depth_temperatures_never_worsens_the_held_out_nll():
     )
 
 
+def test_after_right_chain_literal():
+    hit = jnp.asarray(
+        [[True, True, False, True], [False, True, True, True], [True, False, True, False]]
+    )
+    want = np.asarray(
+        [[True, True, True, False], [True, False, False, False], [True, True, False, False]]
+    )
+    np.testing.assert_array_equal(np.asarray(train_block.after_right_chain(hit)), want)
+
+
+def test_fit_given_chain_counts_only_predictions_after_a_right_chain():
+    cfg, vocab, batches, embed = _fake_setup()
+    head = block.init_head(cfg, jax.random.key(0), embed=embed, d2t=vocab.d2t)
+    plain = train_block.fit_depth_temperatures(head, cfg, embed, batches)
+    chain = train_block.fit_depth_temperatures(head, cfg, embed, batches, given_chain=True)
+    # depth 1 has no shallower slot: the same predictions, so the same fit
+    assert chain["depth_temperature"][0] == plain["depth_temperature"][0]
+    assert chain["nll_before"][0] == pytest.approx(plain["nll_before"][0])
+    assert 0 < chain["predictions"] < plain["predictions"]
+    assert chain["predictions"] == sum(chain["predictions_by_depth"])
+    for seen, t in zip(chain["predictions_by_depth"], chain["depth_temperature"]):
+        assert seen > 0 or t == 1.0  # no prediction reached: no evidence, unscaled
+    assert all(a <= b + 1e-6 for a, b in zip(chain["nll_after"], chain["nll_before"]))
+
+
 def test_depth_decay_weighs_each_depths_mean_nll():
     """The loss is ``sum_i decay**i * nll_i``, each ``nll_i`` a mean over depth ``i``'s valid
     targets; the decay reaches the loss through ``TrainConfig.depth_decay``."""

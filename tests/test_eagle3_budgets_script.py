@@ -4,6 +4,7 @@ anything loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -48,6 +49,20 @@ def test_correction_twins_get_their_own_settings(script):
     assert (absent.rare_share, absent.surprise) == (0.0, ngram.correction.surprise)
     assert (old.rare_share, old.surprise) == (0.0, None)
     assert absent is not ngram.correction and old is not ngram.correction
+
+
+def test_old_controller_twin_has_both_old_settings(script):
+    from eaglepangu_jax.engine.config import SpecConfig
+    from eaglepangu_jax.methods.registry import make_method
+
+    spec = SpecConfig(budget=3, depth=2, policy="auto")
+    new = make_method("ngram", spec, default_depth=True)
+    twin = script.old_controller_twin("ngram", spec, make_method)
+    assert twin.name == "ngram b=3 auto old-controller"
+    assert new.spec.control.single_node_gate and not twin.spec.control.single_node_gate
+    assert (twin.correction.rare_share, twin.correction.surprise) == (0.0, None)
+    assert new.correction.surprise is not None and twin.correction is not new.correction
+    assert dataclasses.replace(twin.spec, control=spec.control) == new.spec
 
 
 def test_round_summary_pools_the_turns(script):
