@@ -156,9 +156,7 @@ def evaluate(kind: str, head, config, embed, batches, depth: int, meta: dict) ->
     calibration = train_block.fit_depth_temperatures(head, config, embed, batches)
     report["ece_raw"] = calibration["ece_before"]
     report["fitted_depth_temperature"] = calibration["depth_temperature"]
-    given_chain = train_block.fit_depth_temperatures(
-        head, config, embed, batches, given_chain=True
-    )
+    given_chain = train_block.fit_depth_temperatures(head, config, embed, batches, given_chain=True)
     report["given_chain_calibration"] = given_chain
     report["stored_depth_temperature"] = meta.get("calibration", {}).get("depth_temperature")
     return report
