@@ -14,8 +14,10 @@ measure the gate side by side; with ``--absent-fade`` each controlled method als
 ``... absent-fade``, its cost correction fading a kind of round's old evidence only while
 that kind is absent (``CostCorrection(rare_share=0.0)``, the rule before session 52); with
 ``--old-correction`` as ``... old-correction``, the cost correction as it was before session
-52 (absent-only fading, every segment at full weight: ``rare_share=0.0, surprise=None``).
-``--disturbed-start S`` starts every controlled method's cost correction
+52 (absent-only fading, every segment at full weight: ``rare_share=0.0, surprise=None``);
+with ``--old-controller`` as ``D b=N auto old-controller``, both at once (no single-node
+gate, the old correction): the controller of before session 52 as one twin, for a long
+suite where a twin of each change would cost too much. ``--disturbed-start S`` starts every controlled method's cost correction
 (``engine.costs``) as if one segment of speculative rounds had just run ``S`` times slower
 than the calibration predicts at the 256- and 512-slot windows, the state a disturbed turn
 can leave behind on a shared machine, to measure how the controller recovers from it. Each
