@@ -7,25 +7,25 @@ of them were accepted. ::
     PYTHONPATH=. python3 bench/eagle3_budgets.py --drafter block --budgets 1,2,4 --json b.json
 
 Methods are named ``D b=N best_first`` (N nodes every round) and ``D b=N auto`` (the
-controller, N its ceiling), ``D`` the drafter; with ``--average-gate`` each controlled
-budget also runs as ``D b=N auto average-gate``, the controller without its single-node gate
+controller, N its ceiling), ``D`` the drafter; with ``--average-gate`` each controlled budget
+also runs as ``D b=N auto average-gate``, the controller without its single-node gate
 (``ControlConfig.single_node_gate=False``: it drafts only when the average round pays), to
-measure the gate side by side; with ``--absent-fade`` each controlled method also runs as
-``... absent-fade``, its cost correction fading a kind of round's old evidence only while
-that kind is absent (``CostCorrection(rare_share=0.0)``, the rule before session 52); with
-``--old-correction`` as ``... old-correction``, the cost correction as it was before session
-52 (absent-only fading, every segment at full weight: ``rare_share=0.0, surprise=None``);
-with ``--old-controller`` as ``D b=N auto old-controller``, both at once (no single-node
-gate, the old correction): the controller of before session 52 as one twin, for a long
-suite where a twin of each change would cost too much. ``--disturbed-start S`` starts every controlled method's cost correction
-(``engine.costs``) as if one segment of speculative rounds had just run ``S`` times slower
-than the calibration predicts at the 256- and 512-slot windows, the state a disturbed turn
-can leave behind on a shared machine, to measure how the controller recovers from it. Each
-controlled method learns its own cost correction and the calibration times each budget's
-drafting apart. The JSON is the bench report (turns with ``accepted_per_round`` and
-``nodes_per_round``) with an ``eagle3_budgets`` entry: the drafter and, per method, the
-rounds, the share that verified nodes, accepted tokens per verifying round and how many
-rounds verified 0, 1, 2, ... nodes.
+measure the gate side by side; with ``--absent-fade`` each controlled method also runs as ``...
+absent-fade``, its cost correction fading a kind of round's old evidence only while that kind
+is absent (``CostCorrection(rare_share=0.0)``, the rule before session 52); with
+``--old-correction`` as ``... old-correction``, the cost correction as it was before session 52
+(absent-only fading, every segment at full weight: ``rare_share=0.0, surprise=None``); with
+``--old-controller`` as ``D b=N auto old-controller``, both at once (no single-node gate, the
+old correction): the controller of before session 52 as one twin, for a long suite where a twin
+of each change would cost too much. ``--disturbed-start S`` starts every controlled method's
+cost correction (``engine.costs``) as if one segment of speculative rounds had just run ``S``
+times slower than the calibration predicts at the 256- and 512-slot windows, the state a
+disturbed turn can leave behind on a shared machine, to measure how the controller recovers
+from it. Each controlled method learns its own cost correction and the calibration times each
+budget's drafting apart. The JSON is the bench report (turns with ``accepted_per_round`` and
+``nodes_per_round``) with an ``eagle3_budgets`` entry: the drafter and, per method, the rounds,
+the share that verified nodes, accepted tokens per verifying round and how many rounds verified
+0, 1, 2, ... nodes.
 """
 
 from __future__ import annotations
