@@ -36,6 +36,8 @@ import dataclasses
 from eaglepangu_jax.cli import side_by_side
 
 POLICIES = ("best_first", "auto")
+# The cost correction's rules before session 52 (engine.costs.CostCorrection's settings).
+OLD_CORRECTION = dict(rare_share=0.0, surprise=None)
 
 
 def budget_list(text: str) -> list[int]:
@@ -79,7 +81,7 @@ def correction_twins(methods: list, *, absent_fade: bool, old_correction: bool) 
     if absent_fade:
         twins["absent-fade"] = dict(rare_share=0.0)
     if old_correction:
-        twins["old-correction"] = dict(rare_share=0.0, surprise=None)
+        twins["old-correction"] = OLD_CORRECTION
     return [
         dataclasses.replace(m, name=f"{m.name} {twin}", correction=CostCorrection(**settings))
         for twin, settings in twins.items()
@@ -88,19 +90,14 @@ def correction_twins(methods: list, *, absent_fade: bool, old_correction: bool) 
     ]
 
 
-def old_controller_twin(drafter: str, spec, make_method):
-    """``drafter`` under ``spec`` with the controller of before session 52, named
-    ``"<drafter> b=<budget> auto old-controller"``: the gate opens only when the average round
-    pays, and the cost correction weighs every segment fully and fades only absent kinds."""
-    from eaglepangu_jax.draft_control import ControlConfig
+def old_controller_twin(average_gate, name: str):
+    """The controller of before session 52, named ``"<name> old-controller"``: the method
+    ``average_gate`` (its gate opens only when the average round pays) with a fresh cost
+    correction of the old rules (every segment at full weight, only absent kinds fading)."""
     from eaglepangu_jax.engine.costs import CostCorrection
 
-    average = dataclasses.replace(spec, control=ControlConfig(single_node_gate=False))
-    method = make_method(drafter, average, default_depth=True)
     return dataclasses.replace(
-        method,
-        name=f"{drafter} b={spec.budget} auto old-controller",
-        correction=CostCorrection(rare_share=0.0, surprise=None),
+        average_gate, name=f"{name} old-controller", correction=CostCorrection(**OLD_CORRECTION)
     )
 
 
@@ -184,15 +181,16 @@ def main(argv=None, *, teacher=None, renderer=None) -> int:
             )
             method = make_method(drafter, spec, default_depth=True)
             methods.append(dataclasses.replace(method, name=f"{drafter} b={budget} {policy}"))
-            if policy == "auto" and args.average_gate:
+            if policy == "auto" and (args.average_gate or args.old_controller):
                 average = ControlConfig(single_node_gate=False)
                 method = make_method(
                     drafter, dataclasses.replace(spec, control=average), default_depth=True
                 )
-                name = f"{drafter} b={budget} auto average-gate"
-                methods.append(dataclasses.replace(method, name=name))
-            if policy == "auto" and args.old_controller:
-                methods.append(old_controller_twin(drafter, spec, make_method))
+                name = f"{drafter} b={budget} auto"
+                if args.average_gate:
+                    methods.append(dataclasses.replace(method, name=f"{name} average-gate"))
+                if args.old_controller:
+                    methods.append(old_controller_twin(method, name))
     methods += correction_twins(
         methods, absent_fade=args.absent_fade, old_correction=args.old_correction
     )

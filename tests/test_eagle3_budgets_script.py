@@ -52,16 +52,20 @@ def test_correction_twins_get_their_own_settings(script):
 
 
 def test_old_controller_twin_has_both_old_settings(script):
+    from eaglepangu_jax.draft_control import ControlConfig
     from eaglepangu_jax.engine.config import SpecConfig
     from eaglepangu_jax.methods.registry import make_method
 
     spec = SpecConfig(budget=3, depth=2, policy="auto")
     new = make_method("ngram", spec, default_depth=True)
-    twin = script.old_controller_twin("ngram", spec, make_method)
+    average = dataclasses.replace(spec, control=ControlConfig(single_node_gate=False))
+    average_gate = make_method("ngram", average, default_depth=True)
+    twin = script.old_controller_twin(average_gate, "ngram b=3 auto")
     assert twin.name == "ngram b=3 auto old-controller"
     assert new.spec.control.single_node_gate and not twin.spec.control.single_node_gate
     assert (twin.correction.rare_share, twin.correction.surprise) == (0.0, None)
     assert new.correction.surprise is not None and twin.correction is not new.correction
+    assert twin.correction is not average_gate.correction
     assert dataclasses.replace(twin.spec, control=spec.control) == new.spec
 
 
